@@ -1,0 +1,19 @@
+"""int8attn: decode attention directly over an int8 KV cache.
+
+K and V are stored per token and kv head as int8 codes with one float32 absmax scale (half the
+bytes of an fp16 cache); decode computes exact int32 q.k dots, an f32 softmax and f32
+accumulation over the int8 V stream, with SIMD kernels chosen for this CPU at import.
+
+>>> import numpy as np, int8attn as ia
+>>> cache = ia.Int8KVCache(n_kv_heads=8, max_seq=4096, head_dim=128)
+>>> cache.append(np.ones((8, 128)), np.ones((8, 128)))
+>>> cache.decode(np.ones((32, 128))).shape
+(32, 128)
+"""
+
+from . import reference
+from ._cache import Int8KVCache, isa, supported_isas
+
+__version__ = "0.1.0"
+
+__all__ = ["Int8KVCache", "isa", "supported_isas", "reference", "__version__"]

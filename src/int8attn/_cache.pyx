@@ -1,0 +1,442 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
+"""The compiled front end: owns the cache buffers, validates every argument, maps GQA heads and
+calls the active tier's kernels with the GIL released. Public names are re-exported by
+``int8attn``; everything starting with an underscore is private (tests use it)."""
+
+from libc.stdint cimport int8_t, int32_t
+
+import math
+import os
+
+import numpy as np
+
+
+cdef extern from "_simd/dispatch.h" nogil:
+    enum:
+        I8A_CHUNK
+        I8A_MAX_HEAD_DIM
+    ctypedef struct i8a_kernels:
+        const char *name
+        unsigned requires
+        int (*quantize_row)(const float *x, size_t d, int8_t *codes, float *scale) noexcept nogil
+        void (*dots)(const int8_t *q, const int8_t *k, size_t n, size_t d, int32_t *out) noexcept nogil
+    const i8a_kernels i8a_tiers[]
+    unsigned i8a_cpu_features()
+
+
+cdef extern from "_engine.h" nogil:
+    ctypedef struct i8a_cache:
+        int8_t *k
+        int8_t *v
+        float *ks
+        float *vs
+        size_t hkv, cap, d, len
+    int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const float *v,
+                   size_t t, size_t *bad)
+    size_t i8a_decode_scratch_size(size_t h, size_t hkv, size_t d)
+    int i8a_decode(const i8a_kernels *kt, const i8a_cache *c, const float *q, size_t h,
+                   float scale, int q_bits, float *out, void *scratch, size_t *bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiers: detection once at import, the override, and the table every call goes through.
+
+cdef const i8a_kernels *_kt = NULL
+cdef dict _tier_index = {}
+
+_ENV_VARS = ("INT8ATTN_ISA", "CA_CPU_ISA")
+
+
+def _compiled_isas():
+    """Tiers compiled into this build, best first."""
+    cdef int i = 0
+    names = []
+    while i8a_tiers[i].name != NULL:
+        names.append(i8a_tiers[i].name.decode())
+        i += 1
+    return tuple(names)
+
+
+def _supported_isas():
+    cdef unsigned have = i8a_cpu_features()
+    cdef int i = 0
+    names = []
+    while i8a_tiers[i].name != NULL:
+        if (i8a_tiers[i].requires & have) == i8a_tiers[i].requires:
+            names.append(i8a_tiers[i].name.decode())
+        i += 1
+    return tuple(names)
+
+
+def _set_isa(str name):
+    """Make `name` the active tier (it must be supported). Private: tests switch tiers with it."""
+    global _kt
+    if name not in _SUPPORTED:
+        raise ValueError(f"ISA tier {name!r} is not supported on this CPU; supported: "
+                         f"{', '.join(_SUPPORTED)}")
+    _kt = &i8a_tiers[<int>_tier_index[name]]
+
+
+def _requested_isa(environ):
+    """The tier the environment asks for (INT8ATTN_ISA, else CA_CPU_ISA), or None for the best."""
+    for var in _ENV_VARS:
+        value = environ.get(var, "").strip().lower()
+        if value and value != "auto":
+            if value not in _SUPPORTED:
+                what = ("is not a tier this CPU can run" if value in _COMPILED
+                        else f"is not a known tier (known: {', '.join(_COMPILED)})")
+                raise ValueError(f"{var}={value!r} {what}; supported on this CPU: "
+                                 f"{', '.join(_SUPPORTED)}")
+            return value
+    return None
+
+
+_COMPILED = _compiled_isas()
+_SUPPORTED = _supported_isas()
+for _i, _name in enumerate(_COMPILED):
+    _tier_index[_name] = _i
+_set_isa(_requested_isa(os.environ) or _SUPPORTED[0])
+
+
+def isa():
+    """Name of the active kernel tier, e.g. ``'avx2'`` or ``'neon_dotprod'``."""
+    return _kt.name.decode()
+
+
+def supported_isas():
+    """Tiers this CPU can run, best first (``INT8ATTN_ISA`` may demote to any of them)."""
+    return _SUPPORTED
+
+
+# ---------------------------------------------------------------------------------------------
+# Input conversion
+
+def _as_float32(x, str name):
+    """x as a float32 numpy array (no copy when it already is one), or TypeError naming `name`."""
+    if type(x).__module__.partition(".")[0] == "torch":
+        x = _torch_to_numpy(x, name)
+    if isinstance(x, np.ndarray):
+        a = x
+    else:
+        try:
+            a = np.asarray(x)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"{name} must be a float array-like, got {type(x).__name__}: {e}") from None
+    if a.dtype.kind not in "fiu":
+        raise TypeError(f"{name} must hold real numbers (float32 preferred), got dtype {a.dtype}")
+    if a.dtype != np.float32:
+        a = a.astype(np.float32)
+    return a
+
+
+def _torch_to_numpy(t, str name):
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} must be a CPU tensor, got one on device {t.device}")
+    t = t.detach()
+    if t.is_floating_point() and t.dtype != _torch_float32(t):
+        t = t.float()
+    return t.numpy()
+
+
+def _torch_float32(t):
+    import torch
+    return torch.float32
+
+
+def _aligned_empty(size_t n, dtype):
+    """An uninitialized 1-D array of n items whose data starts on a 64-byte boundary."""
+    dt = np.dtype(dtype)
+    raw = np.empty(n * dt.itemsize + 64, np.uint8)
+    off = (-raw.ctypes.data) % 64
+    return raw[off:off + n * dt.itemsize].view(dt)
+
+
+def _readonly(arr):
+    """A view of arr that numpy will not let anyone make writeable again."""
+    return np.frombuffer(memoryview(arr).toreadonly(), dtype=arr.dtype).reshape(arr.shape)
+
+
+def _positive_int(value, str name):
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    value = value.__index__()
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+
+cdef class Int8KVCache:
+    """An int8 KV cache for single-token decode attention.
+
+    Stores K and V per token and kv head as int8 codes with one float32 absmax scale each
+    (``scale = max|x| / 127``, codes ``round(x / scale)`` in [-127, 127]): half the bytes of an
+    fp16 cache, a quarter of fp32. All buffers are allocated once, for ``max_seq`` tokens.
+
+    Parameters
+    ----------
+    n_kv_heads : int
+        Key/value heads (Hkv), >= 1.
+    max_seq : int
+        Capacity in tokens, >= 1.
+    head_dim : int
+        Head dimension D: a multiple of 16, at most 1024.
+
+    Notes
+    -----
+    One cache is not meant to be used from two threads at once; a call that finds another in
+    progress raises RuntimeError. The kernels run with the GIL released, so different caches
+    decode in parallel from different Python threads.
+    """
+
+    cdef i8a_cache _c
+    cdef object _k, _v, _ks, _vs            # owned buffers (numpy, 64-byte aligned)
+    cdef object _k_ro, _v_ro, _ks_ro, _vs_ro  # read-only views of the whole buffers
+    cdef object _scratch
+    cdef bint _busy
+
+    def __cinit__(self, n_kv_heads, max_seq, head_dim):
+        hkv = _positive_int(n_kv_heads, "n_kv_heads")
+        cap = _positive_int(max_seq, "max_seq")
+        d = _positive_int(head_dim, "head_dim")
+        if d % 16 != 0 or d > I8A_MAX_HEAD_DIM:
+            raise ValueError(f"head_dim must be a multiple of 16 and at most {I8A_MAX_HEAD_DIM}, "
+                             f"got {d}")
+        self._k = _aligned_empty(hkv * cap * d, np.int8).reshape(hkv, cap, d)
+        self._v = _aligned_empty(hkv * cap * d, np.int8).reshape(hkv, cap, d)
+        self._ks = _aligned_empty(hkv * cap, np.float32).reshape(hkv, cap)
+        self._vs = _aligned_empty(hkv * cap, np.float32).reshape(hkv, cap)
+        self._k_ro, self._v_ro = _readonly(self._k), _readonly(self._v)
+        self._ks_ro, self._vs_ro = _readonly(self._ks), _readonly(self._vs)
+        cdef int8_t[:, :, ::1] k = self._k
+        cdef int8_t[:, :, ::1] v = self._v
+        cdef float[:, ::1] ks = self._ks
+        cdef float[:, ::1] vs = self._vs
+        self._c.k, self._c.v, self._c.ks, self._c.vs = &k[0, 0, 0], &v[0, 0, 0], &ks[0, 0], &vs[0, 0]
+        self._c.hkv, self._c.cap, self._c.d, self._c.len = hkv, cap, d, 0
+        self._scratch = None
+        self._busy = False
+
+    # -- shape and size -------------------------------------------------------------------
+
+    @property
+    def n_kv_heads(self):
+        """Key/value heads (Hkv)."""
+        return self._c.hkv
+
+    @property
+    def max_seq(self):
+        """Capacity in tokens."""
+        return self._c.cap
+
+    @property
+    def head_dim(self):
+        """Head dimension D."""
+        return self._c.d
+
+    @property
+    def nbytes(self):
+        """Bytes of the cache's buffers (K and V codes and scales for max_seq tokens)."""
+        return 2 * self._c.hkv * self._c.cap * (self._c.d + 4)
+
+    def __len__(self):
+        return self._c.len
+
+    def __repr__(self):
+        return (f"Int8KVCache(n_kv_heads={self._c.hkv}, max_seq={self._c.cap}, "
+                f"head_dim={self._c.d}) holding {self._c.len} tokens")
+
+    # -- the stored history ---------------------------------------------------------------
+
+    @property
+    def k_i8(self):
+        """Read-only view of the stored K codes, [Hkv, len, D] int8 (no copy)."""
+        return self._k_ro[:, :self._c.len]
+
+    @property
+    def v_i8(self):
+        """Read-only view of the stored V codes, [Hkv, len, D] int8 (no copy)."""
+        return self._v_ro[:, :self._c.len]
+
+    @property
+    def k_scale(self):
+        """Read-only view of the K scales, [Hkv, len] float32 (no copy)."""
+        return self._ks_ro[:, :self._c.len]
+
+    @property
+    def v_scale(self):
+        """Read-only view of the V scales, [Hkv, len] float32 (no copy)."""
+        return self._vs_ro[:, :self._c.len]
+
+    def dequantize(self):
+        """The stored history as floats: ``(k, v)``, each [len, Hkv, D] float32 (code * scale)."""
+        n = self._c.len
+        k = self._k[:, :n].astype(np.float32) * self._ks[:, :n, None]
+        v = self._v[:, :n].astype(np.float32) * self._vs[:, :n, None]
+        return np.ascontiguousarray(k.transpose(1, 0, 2)), np.ascontiguousarray(v.transpose(1, 0, 2))
+
+    # -- operations -----------------------------------------------------------------------
+
+    cdef _enter(self):
+        if self._busy:
+            raise RuntimeError("this Int8KVCache is in use by another thread")
+        self._busy = True
+
+    def reset(self):
+        """Forget every token (capacity and buffers are kept)."""
+        self._enter()
+        self._c.len = 0
+        self._busy = False
+
+    def append(self, k, v):
+        """Quantize and store tokens.
+
+        Parameters
+        ----------
+        k, v : array-like, [Hkv, D] (one token) or [T, Hkv, D] (T tokens, one C call)
+            Any real dtype and strides; converted to float32. Torch CPU tensors are accepted.
+
+        Raises ValueError on a shape mismatch, on NaN or Inf, or when the tokens would not fit
+        in ``max_seq``; a batch is stored whole or not at all, and a failed call changes nothing.
+        """
+        ka = _as_float32(k, "k")
+        va = _as_float32(v, "v")
+        hkv, d = self._c.hkv, self._c.d
+        if ka.ndim not in (2, 3) or ka.shape[ka.ndim - 2:] != (hkv, d):
+            raise ValueError(f"k must have shape [Hkv, D] or [T, Hkv, D] with Hkv={hkv}, D={d}; "
+                             f"got {list(ka.shape)}")
+        if va.shape != ka.shape:
+            raise ValueError(f"v must have the shape of k, {list(ka.shape)}; got {list(va.shape)}")
+        if ka.ndim == 2:
+            ka, va = ka[None], va[None]
+        t = ka.shape[0]
+        if self._c.len + t > self._c.cap:
+            raise ValueError(f"appending {t} token(s) to a cache holding {self._c.len} would exceed "
+                             f"max_seq={self._c.cap}; nothing was appended")
+        if t == 0:
+            return
+        cdef const float[:, :, ::1] kmv = np.ascontiguousarray(ka)
+        cdef const float[:, :, ::1] vmv = np.ascontiguousarray(va)
+        cdef size_t nt = t, bad = 0
+        cdef int rc
+        self._enter()
+        try:
+            with nogil:
+                rc = i8a_append(_kt, &self._c, &kmv[0, 0, 0], &vmv[0, 0, 0], nt, &bad)
+            if rc != 0:
+                name = "k" if rc == 1 else "v"
+                raise ValueError(f"{name} holds NaN or Inf (token {bad // hkv}, kv head {bad % hkv}); "
+                                 f"nothing was appended")
+            self._c.len += t
+        finally:
+            self._busy = False
+
+    def decode(self, q, *, scale=None, q_bits=16, out=None):
+        """Attention of one query per head over every cached token.
+
+        Parameters
+        ----------
+        q : array-like, [H, D]
+            Queries, any real dtype (converted to float32); H a multiple of Hkv. Query head h
+            reads kv head ``h // (H // Hkv)`` (GQA; MQA when Hkv == 1).
+        scale : float, optional
+            Softmax scale applied to q.k, default ``1 / sqrt(D)``.
+        q_bits : {16, 8}
+            16 (default): q as two int8 planes, within 1e-3 of fp32 attention on the dequantized
+            cache. 8: a single int8 q, the seed's method (about 1e-2).
+        out : numpy.ndarray, optional
+            [H, D] float32 C-contiguous buffer to write into instead of allocating.
+
+        Returns
+        -------
+        numpy.ndarray, [H, D] float32 (``out`` when given).
+        """
+        if self._c.len == 0:
+            raise ValueError("decode on an empty cache: append at least one token first")
+        qa = _as_float32(q, "q")
+        hkv, d = self._c.hkv, self._c.d
+        if qa.ndim != 2 or qa.shape[1] != d or qa.shape[0] == 0:
+            raise ValueError(f"q must have shape [H, D] with D={d} and H >= 1; got {list(qa.shape)}")
+        h = qa.shape[0]
+        if h % hkv != 0:
+            raise ValueError(f"q has H={h} query heads, not a multiple of n_kv_heads={hkv}")
+        if isinstance(q_bits, bool) or q_bits not in (8, 16):
+            raise ValueError(f"q_bits must be 16 or 8, got {q_bits!r}")
+        if scale is None:
+            sm = 1.0 / math.sqrt(d)
+        else:
+            try:
+                sm = float(scale)
+            except (TypeError, ValueError):
+                raise TypeError(f"scale must be a real number, got {type(scale).__name__}") from None
+            if not math.isfinite(sm) or not math.isfinite(float(np.float32(sm))):
+                raise ValueError(f"scale must be finite in float32, got {scale!r}")
+        if out is None:
+            out = np.empty((h, d), np.float32)
+        else:
+            _check_out(out, h, d)
+        cdef size_t need = i8a_decode_scratch_size(h, hkv, d)
+        if self._scratch is None or self._scratch.shape[0] < need:
+            self._scratch = _aligned_empty(need, np.uint8)
+        cdef const float[:, ::1] qmv = np.ascontiguousarray(qa)
+        cdef float[:, ::1] omv = out
+        cdef unsigned char[::1] smv = self._scratch
+        cdef size_t nh = h, bad = 0
+        cdef int rc
+        cdef float fscale = sm
+        cdef int bits = q_bits
+        self._enter()
+        try:
+            with nogil:
+                rc = i8a_decode(_kt, &self._c, &qmv[0, 0], nh, fscale, bits, &omv[0, 0], &smv[0], &bad)
+        finally:
+            self._busy = False
+        if rc != 0:
+            raise ValueError(f"q holds NaN or Inf (query head {bad})")
+        return out
+
+
+def _check_out(out, h, d):
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
+    if out.dtype != np.float32:
+        raise TypeError(f"out must have dtype float32, got {out.dtype}")
+    if out.shape != (h, d):
+        raise ValueError(f"out must have shape {[h, d]}, got {list(out.shape)}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out must be C-contiguous and writeable")
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel-level entry points for the tests (active tier).
+
+def _quantize_rows(x):
+    """Quantize each row of x [n, d] float32 with the active tier: (codes int8, scales float32)."""
+    cdef const float[:, ::1] xm = np.ascontiguousarray(x, dtype=np.float32)
+    n, d = xm.shape[0], xm.shape[1]
+    codes = np.zeros((n, d), np.int8)
+    scales = np.zeros(n, np.float32)
+    cdef int8_t[:, ::1] cm = codes
+    cdef float[::1] sm = scales
+    cdef Py_ssize_t r
+    for r in range(n):
+        if _kt.quantize_row(&xm[r, 0], d, &cm[r, 0], &sm[r]) != 0:
+            raise ValueError(f"row {r} holds NaN or Inf")
+    return codes, scales
+
+
+def _dots(q, k):
+    """Exact int32 dots of q [d] int8 with each row of k [n, d] int8, by the active tier."""
+    cdef const int8_t[::1] qm = np.ascontiguousarray(q, dtype=np.int8)
+    cdef const int8_t[:, ::1] km = np.ascontiguousarray(k, dtype=np.int8)
+    if km.shape[1] != qm.shape[0] or qm.shape[0] % 16 or qm.shape[0] > I8A_MAX_HEAD_DIM:
+        raise ValueError("q [d] and k [n, d] need the same d, a multiple of 16 up to 1024")
+    out = np.zeros(km.shape[0], np.int32)
+    cdef int32_t[::1] om = out
+    if km.shape[0]:
+        _kt.dots(&qm[0], &km[0, 0], km.shape[0], qm.shape[0], &om[0])
+    return out
+
+
+CHUNK = I8A_CHUNK

@@ -1,0 +1,88 @@
+/* The CPU shim: which tiers this CPU and OS can run. Called once at import.
+ *   x86-64: cpuid for AVX2 and FMA, plus xgetbv: the OS must save YMM state (XCR0 bits 1, 2).
+ *   Linux aarch64: getauxval(AT_HWCAP); the HWCAP bits are defined here when headers lack them.
+ *   macOS arm64: sysctlbyname("hw.optional.arm.FEAT_DotProd").
+ * Anything else reports no features: the scalar tier. */
+#include "_simd/dispatch.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+
+static unsigned long long i8a_xgetbv0(void)
+{
+    unsigned eax, edx;
+    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+    return ((unsigned long long)edx << 32) | eax;
+}
+
+unsigned i8a_cpu_features(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return 0;
+    const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1;
+    if (!(osxsave && avx && fma) || (i8a_xgetbv0() & 0x6) != 0x6)
+        return 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+        return 0;
+    return ((b >> 5) & 1) ? I8A_CPU_AVX2 : 0;
+}
+
+#elif defined(_M_X64)
+#include <immintrin.h>
+#include <intrin.h>
+
+unsigned i8a_cpu_features(void)
+{
+    int r[4];
+    __cpuid(r, 1);
+    const int osxsave = (r[2] >> 27) & 1, avx = (r[2] >> 28) & 1, fma = (r[2] >> 12) & 1;
+    if (!(osxsave && avx && fma) || (_xgetbv(0) & 0x6) != 0x6)
+        return 0;
+    __cpuidex(r, 7, 0);
+    return ((r[1] >> 5) & 1) ? I8A_CPU_AVX2 : 0;
+}
+
+#elif defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+
+#define I8A_HWCAP_ASIMD (1UL << 1)
+#define I8A_HWCAP_ASIMDDP (1UL << 20)
+
+unsigned i8a_cpu_features(void)
+{
+    unsigned long hw = getauxval(AT_HWCAP);
+    unsigned f = (hw & I8A_HWCAP_ASIMD) ? I8A_CPU_NEON : 0;
+    if (f && (hw & I8A_HWCAP_ASIMDDP))
+        f |= I8A_CPU_DOTPROD;
+    return f;
+}
+
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+
+unsigned i8a_cpu_features(void)
+{
+    int v = 0;
+    size_t len = sizeof v;
+    unsigned f = I8A_CPU_NEON;
+    if (sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &len, NULL, 0) == 0 && v)
+        f |= I8A_CPU_DOTPROD;
+    return f;
+}
+
+#elif defined(__aarch64__) || defined(_M_ARM64)
+
+unsigned i8a_cpu_features(void)
+{
+    return I8A_CPU_NEON; /* Advanced SIMD is part of every aarch64 core */
+}
+
+#else
+
+unsigned i8a_cpu_features(void)
+{
+    return 0;
+}
+
+#endif

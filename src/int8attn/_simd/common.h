@@ -1,0 +1,126 @@
+/* Shared scalar pieces of the math contract: the row quantizer's scale rule, the exp polynomial,
+ * and the 16-lane order of the softmax sum. Every tier reproduces these operation by operation
+ * (the whole module is compiled with -ffp-contract=off: an FMA happens only where one is written),
+ * so every tier returns the same bits as the scalar tier.
+ */
+#ifndef I8A_COMMON_H
+#define I8A_COMMON_H
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "dispatch.h"
+
+/* Rows whose absmax is below this are stored as zeros with scale 0: below it 127/absmax would
+ * leave float range. 2^-100 (7.9e-31) is far below any activation that matters. */
+#define I8A_ABSMAX_MIN 7.88860905e-31f
+
+/* The quantizer's two scales: scale = absmax / 127 (stored), inv = 127 / absmax (applied).
+ * Returns 0 for a row that stores as zeros (scale 0), 1 otherwise. */
+static inline int i8a_row_scales(float absmax, float *scale, float *inv)
+{
+    if (!(absmax >= I8A_ABSMAX_MIN)) {
+        *scale = 0.0f;
+        *inv = 0.0f;
+        return 0;
+    }
+    *scale = absmax / 127.0f;
+    *inv = 127.0f / absmax;
+    return 1;
+}
+
+/* One element of the quantizer: clamp(round_half_even(x * inv), -127, 127). */
+static inline int8_t i8a_quantize_one(float x, float inv)
+{
+    float r = rintf(x * inv);
+    r = r > 127.0f ? 127.0f : r;
+    r = r < -127.0f ? -127.0f : r;
+    return (int8_t)r;
+}
+
+/* exp(x) for x <= 0, the contract's polynomial (Cephes' expf coefficients):
+ *   x = max(x, I8A_EXP_LO); n = round(x * log2 e) by the 1.5 * 2^23 trick, fused;
+ *   r = x - n * ln2 (two fused steps, ln2 split hi + lo);
+ *   y = ((((P0 r + P1) r + P2) r + P3) r + P4) r + P5  (fused Horner);
+ *   y = y * r^2 + r (fused); y = y + 1; result = y * 2^n (added to the exponent bits).
+ * exp(0) is exactly 1: n = 0, r = 0, y = 1. Inputs below I8A_EXP_LO give exp(I8A_EXP_LO),
+ * about 1.6e-38, which keeps 2^n normal and is nothing next to the softmax sum (>= 1). */
+#define I8A_EXP_LO (-87.0f)
+#define I8A_EXP_MAGIC 12582912.0f
+#define I8A_LOG2E 1.44269504088896341f
+#define I8A_LN2_HI 0.693359375f
+#define I8A_LN2_LO (-2.12194440e-4f)
+#define I8A_EXP_P0 1.9875691500e-4f
+#define I8A_EXP_P1 1.3981999507e-3f
+#define I8A_EXP_P2 8.3334519073e-3f
+#define I8A_EXP_P3 4.1665795894e-2f
+#define I8A_EXP_P4 1.6666665459e-1f
+#define I8A_EXP_P5 5.0000001201e-1f
+
+static inline float i8a_exp_scalar(float x)
+{
+    x = x > I8A_EXP_LO ? x : I8A_EXP_LO;
+    float n = fmaf(x, I8A_LOG2E, I8A_EXP_MAGIC) - I8A_EXP_MAGIC;
+    float r = fmaf(n, -I8A_LN2_HI, x);
+    r = fmaf(n, -I8A_LN2_LO, r);
+    float z = r * r;
+    float y = I8A_EXP_P0;
+    y = fmaf(y, r, I8A_EXP_P1);
+    y = fmaf(y, r, I8A_EXP_P2);
+    y = fmaf(y, r, I8A_EXP_P3);
+    y = fmaf(y, r, I8A_EXP_P4);
+    y = fmaf(y, r, I8A_EXP_P5);
+    y = fmaf(y, z, r);
+    y = y + 1.0f;
+    int32_t bits;
+    memcpy(&bits, &y, sizeof bits);
+    bits += (int32_t)n * (1 << 23);
+    memcpy(&y, &bits, sizeof y);
+    return y;
+}
+
+/* The softmax sum of a chunk: p[s] goes to lane s % 16 (each lane sums in token order), then
+ * the lanes reduce by halving: for w = 8, 4, 2, 1: lane[i] = lane[i] + lane[i + w]. */
+#define I8A_SUM_LANES 16
+
+static inline float i8a_reduce_lanes(float lane[I8A_SUM_LANES])
+{
+    for (int w = I8A_SUM_LANES / 2; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++)
+            lane[i] = lane[i] + lane[i + w];
+    return lane[0];
+}
+
+/* The logit of one token, both q precisions:
+ *   q_bits=16: fma(float(dot_lo), c_lo, float(dot_hi) * c_hi) * k_scale
+ *   q_bits=8:  (float(dot_hi) * c_hi) * k_scale
+ * The dots are exact (|dot| < 2^24, so the conversions are exact too). */
+static inline float i8a_logit(int32_t dh, int32_t dl, float c_hi, float c_lo, int two, float ks)
+{
+    float hi = (float)dh * c_hi;
+    return (two ? fmaf((float)dl, c_lo, hi) : hi) * ks;
+}
+
+/* The scalar part of merging a chunk's state into the running one, for query head j: updates
+ * m and l and returns the factors for o: o = o * a + chunk_o * b (the product by b fused). */
+static inline void i8a_merge_head(const i8a_state *run, const i8a_state *chunk, size_t j,
+                                  float *a, float *b)
+{
+    float m0 = run->m[j], m1 = chunk->m[j];
+    float m = m1 > m0 ? m1 : m0;
+    *a = i8a_exp_scalar(m0 - m);
+    *b = i8a_exp_scalar(m1 - m);
+    run->l[j] = fmaf(chunk->l[j], *b, run->l[j] * *a);
+    run->m[j] = m;
+}
+
+/* Tokens rounded up to whole groups of 16: the SIMD tiers work on the logit scratch in these
+ * groups; the padding is written as zeros and masked out of the sum. */
+static inline size_t i8a_round16(size_t n)
+{
+    return (n + 15) & ~(size_t)15;
+}
+
+#endif

@@ -1,0 +1,80 @@
+/* The kernel table: every tier fills one i8a_kernels with functions of these signatures.
+ *
+ * Names follow i8a_<op>_<tier>, tier in {scalar, neon, neon_dotprod, avx2}. The front end only
+ * calls through a table; it validates every argument first, so kernels assume their
+ * preconditions (written next to each signature) and never check them.
+ */
+#ifndef I8A_DISPATCH_H
+#define I8A_DISPATCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Tokens per softmax chunk. Each chunk keeps its own max and sum; chunks are merged in order.
+ * Part of the math contract: it fixes the floating-point order of every tier. */
+#define I8A_CHUNK 256
+#define I8A_MAX_HEAD_DIM 1024
+
+/* Query side of one GQA group: nq query heads that read the same kv head. */
+typedef struct {
+    size_t d;            /* head dim: multiple of 16, 16..1024 */
+    size_t nq;           /* query heads in the group, >= 1 */
+    int two_planes;      /* 1: q_bits=16 (hi and lo planes), 0: q_bits=8 (hi only) */
+    const int8_t *q_hi;  /* [nq][d] */
+    const int8_t *q_lo;  /* [nq][d], read only when two_planes */
+    const float *c_hi;   /* [nq] plane scale * softmax scale */
+    const float *c_lo;   /* [nq], read only when two_planes */
+} i8a_query;
+
+/* One chunk of one kv head's history: rows s0 .. s0+n-1, pointers at row s0. */
+typedef struct {
+    const int8_t *k, *v;      /* [n][d], rows d bytes apart */
+    const float *ks, *vs;     /* [n] */
+    size_t n;                 /* 1 .. I8A_CHUNK */
+} i8a_span;
+
+/* Softmax state of nq query heads over some tokens: max logit, sum of exp(logit - m), and
+ * the unnormalized output sum_s exp(logit_s - m) * v_scale_s * v_s. */
+typedef struct {
+    float *m;       /* [nq] */
+    float *l;       /* [nq] */
+    float *o;       /* [nq][d] */
+} i8a_state;
+
+/* Quantize one row of d floats (the contract's exact sequence). Returns 0, or -1 when the row
+ * holds a NaN or an infinity (codes and scale are then unspecified). d >= 1, any alignment. */
+typedef int (*i8a_quantize_row_fn)(const float *x, size_t d, int8_t *codes, float *scale);
+
+/* Exact int32 dots of one int8 row q[d] with n rows k[n][d]: out[s] = sum_i q[i] * k[s][i].
+ * d a multiple of 16, at most 1024; values in [-127, 127] (so no int16 step saturates). */
+typedef void (*i8a_dots_fn)(const int8_t *q, const int8_t *k, size_t n, size_t d, int32_t *out);
+
+/* Attend a query group to one chunk: writes out->m, out->l, out->o for the chunk alone.
+ * scratch: at least nq * I8A_CHUNK floats, 64-byte aligned. */
+typedef void (*i8a_attend_fn)(const i8a_query *q, const i8a_span *kv, float *scratch,
+                              const i8a_state *out);
+
+/* Fold a chunk's state into a running state (the running one covers the earlier tokens):
+ * m = max(m, cm); l = l*a + cl*b; o = o*a + co*b, a = exp(m_old - m), b = exp(cm - m). */
+typedef void (*i8a_merge_fn)(const i8a_state *run, const i8a_state *chunk, size_t nq, size_t d);
+
+typedef struct {
+    const char *name;
+    unsigned requires;               /* I8A_CPU_* bits the tier needs */
+    i8a_quantize_row_fn quantize_row;
+    i8a_dots_fn dots;
+    i8a_attend_fn attend;
+    i8a_merge_fn merge;
+} i8a_kernels;
+
+/* CPU feature bits, filled by i8a_cpu_features() in _cpu.c. */
+#define I8A_CPU_AVX2 (1u << 0)          /* AVX2 + FMA, YMM state enabled by the OS */
+#define I8A_CPU_NEON (1u << 1)          /* aarch64 Advanced SIMD */
+#define I8A_CPU_DOTPROD (1u << 2)       /* aarch64 SDOT/UDOT (FEAT_DotProd) */
+
+unsigned i8a_cpu_features(void);
+
+/* Tiers compiled into this build, best first, terminated by a NULL name. */
+extern const i8a_kernels i8a_tiers[];
+
+#endif

@@ -1,0 +1,27 @@
+/* The tier table: every tier compiled for this architecture, best first. Compiled at the
+ * baseline; each ISA header switches its own target on for its functions only. */
+#include "dispatch.h"
+#include "scalar.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include "avx2.h"
+#define I8A_HAVE_AVX2 1
+#endif
+
+#if defined(__aarch64__) || defined(_M_ARM64)
+#include "neon_dotprod.h"
+#define I8A_HAVE_NEON 1
+#endif
+
+const i8a_kernels i8a_tiers[] = {
+#ifdef I8A_HAVE_AVX2
+    {"avx2", I8A_CPU_AVX2, i8a_quantize_row_avx2, i8a_dots_avx2, i8a_attend_avx2, i8a_merge_avx2},
+#endif
+#ifdef I8A_HAVE_NEON
+    {"neon_dotprod", I8A_CPU_NEON | I8A_CPU_DOTPROD, i8a_quantize_row_neon, i8a_dots_neon_dotprod,
+     i8a_attend_neon_dotprod, i8a_merge_neon},
+    {"neon", I8A_CPU_NEON, i8a_quantize_row_neon, i8a_dots_neon, i8a_attend_neon, i8a_merge_neon},
+#endif
+    {"scalar", 0, i8a_quantize_row_scalar, i8a_dots_scalar, i8a_attend_scalar, i8a_merge_scalar},
+    {NULL, 0, NULL, NULL, NULL, NULL},
+};

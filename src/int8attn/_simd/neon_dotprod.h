@@ -1,0 +1,41 @@
+/* The neon_dotprod tier: armv8.2-a + dotprod (Cortex-A76, Raspberry Pi 5). SDOT sums four
+ * int8 products per int32 lane in one instruction; everything else is the neon tier's code
+ * (the quantizer and the merge are shared outright, the attend body through its dot step).
+ */
+#ifndef I8A_NEON_DOTPROD_H
+#define I8A_NEON_DOTPROD_H
+
+#include "neon.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("dotprod"))), apply_to = function)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("arch=armv8.2-a+dotprod")
+#endif
+
+I8A_INLINE int32x4_t i8a_dot16_neon_dotprod(int32x4_t acc, int8x16_t a, int8x16_t b)
+{
+    return vdotq_s32(acc, a, b);
+}
+
+static void i8a_dots_neon_dotprod(const int8_t *q, const int8_t *k, size_t n, size_t d, int32_t *out)
+{
+    int32_t unused;
+    for (size_t s = 0; s < n; s++)
+        i8a_dot2_neon_with(i8a_dot16_neon_dotprod, q, q, k + s * d, d, 0, out + s, &unused);
+}
+
+static void i8a_attend_neon_dotprod(const i8a_query *q, const i8a_span *kv, float *scratch,
+                                    const i8a_state *out)
+{
+    i8a_attend_neon_with(i8a_dot16_neon_dotprod, q, kv, scratch, out);
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
+
+#endif

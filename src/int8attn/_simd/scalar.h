@@ -1,0 +1,98 @@
+/* The scalar tier: the reference. The order of every floating-point operation in decode is
+ * defined here; the SIMD tiers do the same operations in the same order, lanes side by side.
+ * Compiled at the baseline of the target, with no ISA attributes.
+ */
+#ifndef I8A_SCALAR_H
+#define I8A_SCALAR_H
+
+#include "common.h"
+
+static int i8a_quantize_row_scalar(const float *x, size_t d, int8_t *codes, float *scale)
+{
+    float absmax = 0.0f;
+    int finite = 1;
+    for (size_t i = 0; i < d; i++) {
+        float a = fabsf(x[i]);
+        finite &= a <= FLT_MAX;          /* false for +inf and for NaN */
+        absmax = a > absmax ? a : absmax;
+    }
+    if (!finite)
+        return -1;
+    float inv;
+    if (!i8a_row_scales(absmax, scale, &inv)) {
+        memset(codes, 0, d);
+        return 0;
+    }
+    for (size_t i = 0; i < d; i++)
+        codes[i] = i8a_quantize_one(x[i], inv);
+    return 0;
+}
+
+/* |sum| <= 127 * 127 * 1024 < 2^24: exact in int32, and exact again when converted to float. */
+static inline int32_t i8a_dot_scalar(const int8_t *a, const int8_t *b, size_t d)
+{
+    int32_t acc = 0;
+    for (size_t i = 0; i < d; i++)
+        acc += (int32_t)a[i] * (int32_t)b[i];
+    return acc;
+}
+
+static void i8a_dots_scalar(const int8_t *q, const int8_t *k, size_t n, size_t d, int32_t *out)
+{
+    for (size_t s = 0; s < n; s++)
+        out[s] = i8a_dot_scalar(q, k + s * d, d);
+}
+
+/* Each query head against a chunk, in the contract's order:
+ *   logit[s] by i8a_logit (common.h);  m = max_s logit[s];
+ *   p[s] = exp(logit[s] - m);  l = the 16-lane sum of p (common.h)
+ *   o[i] = 0, then for s in order: o[i] = fma(p[s] * v_scale[s], float(v[s][i]), o[i]) */
+static void i8a_attend_scalar(const i8a_query *q, const i8a_span *kv, float *scratch,
+                              const i8a_state *out)
+{
+    const size_t d = q->d, n = kv->n;
+    for (size_t j = 0; j < q->nq; j++) {
+        const int8_t *qh = q->q_hi + j * d;
+        const int8_t *ql = q->q_lo + j * d;
+        float *p = scratch + j * I8A_CHUNK;
+        float m = 0.0f;
+        for (size_t s = 0; s < n; s++) {
+            const int8_t *kr = kv->k + s * d;
+            int32_t dl = q->two_planes ? i8a_dot_scalar(ql, kr, d) : 0;
+            float lg = i8a_logit(i8a_dot_scalar(qh, kr, d), dl, q->c_hi[j], q->c_lo[j],
+                                 q->two_planes, kv->ks[s]);
+            p[s] = lg;
+            m = (s == 0 || lg > m) ? lg : m;
+        }
+        float lane[I8A_SUM_LANES] = {0.0f};
+        for (size_t s = 0; s < n; s++) {
+            p[s] = i8a_exp_scalar(p[s] - m);
+            lane[s % I8A_SUM_LANES] += p[s];
+        }
+        float *o = out->o + j * d;
+        for (size_t i = 0; i < d; i++)
+            o[i] = 0.0f;
+        for (size_t s = 0; s < n; s++) {
+            float w = p[s] * kv->vs[s];
+            const int8_t *vr = kv->v + s * d;
+            for (size_t i = 0; i < d; i++)
+                o[i] = fmaf(w, (float)vr[i], o[i]);
+        }
+        out->m[j] = m;
+        out->l[j] = i8a_reduce_lanes(lane);
+    }
+}
+
+static void i8a_merge_scalar(const i8a_state *run, const i8a_state *chunk, size_t nq, size_t d)
+{
+    for (size_t j = 0; j < nq; j++) {
+        float a, b;
+        i8a_merge_head(run, chunk, j, &a, &b);
+        float *ro = run->o + j * d;
+        const float *co = chunk->o + j * d;
+        for (size_t i = 0; i < d; i++)
+            ro[i] = fmaf(co[i], b, ro[i] * a);
+    }
+}
+
+#endif

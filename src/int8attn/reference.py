@@ -1,0 +1,90 @@
+"""NumPy references for int8attn, used by the tests and the benchmarks.
+
+- :func:`quantize_rows`: the cache's row quantizer, bit for bit.
+- :func:`q_planes`: the int8 planes decode makes of q (one for ``q_bits=8``, two for 16).
+- :func:`attention`: attention of float q over float K/V (float64 inside), the accuracy reference.
+- :func:`emulate`: the kernel's method, exactly where it rounds to integers (int8 q planes, exact
+  integer dots) and in float64 everywhere else: what the kernel computes, minus its f32 rounding.
+"""
+
+import math
+
+import numpy as np
+
+# Rows whose absmax is below this store as zeros with scale 0 (2^-100; see _simd/common.h).
+ABSMAX_MIN = np.float32(2.0**-100)
+
+
+def quantize_rows(x):
+    """Quantize along the last axis: ``(codes int8 [..., D], scales float32 [...])``.
+
+    ``scale = absmax / 127``, ``codes = clip(rint(x * (127 / absmax)), -127, 127)``, all in float32;
+    a row with absmax below ``ABSMAX_MIN`` gives zeros and scale 0.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    absmax = np.max(np.abs(x), axis=-1)
+    zero = ~(absmax >= ABSMAX_MIN)
+    safe = np.where(zero, np.float32(1), absmax).astype(np.float32)
+    scale = np.where(zero, np.float32(0), safe / np.float32(127)).astype(np.float32)
+    inv = (np.float32(127) / safe).astype(np.float32)
+    codes = np.clip(np.rint(x * inv[..., None]), -127, 127).astype(np.int8)
+    codes[zero] = 0
+    return codes, scale
+
+
+def q_planes(q, q_bits=16):
+    """The int8 planes of q [H, D]: ``[(codes, scales)]`` for q_bits=8, two pairs for 16.
+
+    The second plane quantizes the residual ``q - codes * scale`` (float32) of the first.
+    """
+    q = np.asarray(q, dtype=np.float32)
+    hi, s_hi = quantize_rows(q)
+    if q_bits == 8:
+        return [(hi, s_hi)]
+    residual = q - hi.astype(np.float32) * s_hi[:, None]
+    return [(hi, s_hi), quantize_rows(residual)]
+
+
+def _softmax_attend(logits, v):
+    """logits [H, S] float64 per query head, v [S, H, D] per query head: softmax(logits) @ v."""
+    logits = logits - logits.max(axis=1, keepdims=True)
+    p = np.exp(logits)
+    p /= p.sum(axis=1, keepdims=True)
+    return np.einsum("hs,shd->hd", p, v)
+
+
+def _expand(x, h):
+    """[S, Hkv, D] -> [S, H, D]: query head i reads kv head i // (H // Hkv)."""
+    return np.repeat(x, h // x.shape[1], axis=1)
+
+
+def attention(q, k, v, *, scale=None):
+    """Attention of q [H, D] over k, v [S, Hkv, D] (GQA by head index), float64 inside.
+
+    Returns [H, D] float32. ``scale`` defaults to 1/sqrt(D).
+    """
+    q = np.asarray(q, dtype=np.float64)
+    h, d = q.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    k = _expand(np.asarray(k, dtype=np.float64), h)
+    v = _expand(np.asarray(v, dtype=np.float64), h)
+    logits = np.einsum("hd,shd->hs", q, k) * scale
+    return _softmax_attend(logits, v).astype(np.float32)
+
+
+def emulate(q, cache, *, scale=None, q_bits=16):
+    """The kernel's method in numpy, for q [H, D] over an Int8KVCache (or anything with its
+    ``k_i8, k_scale, v_i8, v_scale`` views): exact int8 planes of q and exact integer dots, then
+    float64 logits, softmax and accumulation. Returns [H, D] float32."""
+    q = np.asarray(q, dtype=np.float32)
+    h, d = q.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    k_i8 = _expand(np.asarray(cache.k_i8).transpose(1, 0, 2), h).astype(np.int64)
+    ks = _expand(np.asarray(cache.k_scale).T[..., None], h)[..., 0].astype(np.float64)
+    v = np.asarray(cache.v_i8).astype(np.float64) * np.asarray(cache.v_scale, np.float64)[..., None]
+    logits = 0.0
+    for codes, s in q_planes(q, q_bits):
+        dots = np.einsum("hd,shd->hs", codes.astype(np.int64), k_i8)
+        logits = logits + dots.astype(np.float64) * s.astype(np.float64)[:, None]
+    logits = logits * ks.T * scale
+    return _softmax_attend(logits, _expand(v.transpose(1, 0, 2), h)).astype(np.float32)
