@@ -45,6 +45,7 @@ cdef const i8a_kernels *_kt = NULL
 cdef dict _tier_index = {}
 
 _ENV_VARS = ("INT8ATTN_ISA", "CA_CPU_ISA")
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _compiled_isas():
@@ -125,7 +126,8 @@ def _as_float32(x, str name):
     if a.dtype.kind not in "fiu":
         raise TypeError(f"{name} must hold real numbers (float32 preferred), got dtype {a.dtype}")
     if a.dtype != np.float32:
-        a = a.astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):  # out-of-range values become inf,
+            a = a.astype(np.float32)                       # which the kernels then reject
     return a
 
 
@@ -326,8 +328,8 @@ cdef class Int8KVCache:
                 rc = i8a_append(_kt, &self._c, &kmv[0, 0, 0], &vmv[0, 0, 0], nt, &bad)
             if rc != 0:
                 name = "k" if rc == 1 else "v"
-                raise ValueError(f"{name} holds NaN or Inf (token {bad // hkv}, kv head {bad % hkv}); "
-                                 f"nothing was appended")
+                raise ValueError(f"{name} holds NaN or Inf, or a value beyond float32 range "
+                                 f"(token {bad // hkv}, kv head {bad % hkv}); nothing was appended")
             self._c.len += t
         finally:
             self._busy = False
@@ -370,7 +372,7 @@ cdef class Int8KVCache:
                 sm = float(scale)
             except (TypeError, ValueError):
                 raise TypeError(f"scale must be a real number, got {type(scale).__name__}") from None
-            if not math.isfinite(sm) or not math.isfinite(float(np.float32(sm))):
+            if not abs(sm) <= _FLOAT32_MAX:
                 raise ValueError(f"scale must be finite in float32, got {scale!r}")
         if out is None:
             out = np.empty((h, d), np.float32)
@@ -393,7 +395,7 @@ cdef class Int8KVCache:
         finally:
             self._busy = False
         if rc != 0:
-            raise ValueError(f"q holds NaN or Inf (query head {bad})")
+            raise ValueError(f"q holds NaN or Inf, or a value beyond float32 range (query head {bad})")
         return out
 
 

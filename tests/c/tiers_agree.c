@@ -1,0 +1,84 @@
+/* Every supported tier against the scalar tier, bit for bit, straight through the C driver.
+ * A fast check for cross-compiled builds run under qemu-user (the Python tests cover the rest):
+ *   cc -O2 -ffp-contract=off -Isrc/int8attn tests/c/tiers_agree.c src/int8attn/_engine.c \
+ *      src/int8attn/_cpu.c src/int8attn/_simd/kernels.c -lm && ./a.out
+ * Prints one line per tier and exits non-zero on any difference. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "_engine.h"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static float gauss(void)
+{
+    float s = 0.0f;
+    for (int i = 0; i < 12; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        s += (float)(rng >> 40) / (float)(1 << 24);
+    }
+    return s - 6.0f;
+}
+
+static int run_case(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_t len, int q_bits,
+                    float *out)
+{
+    i8a_cache c = {0};
+    c.hkv = hkv, c.cap = len, c.d = d, c.len = 0;
+    c.k = malloc(hkv * len * d), c.v = malloc(hkv * len * d);
+    c.ks = malloc(hkv * len * sizeof(float)), c.vs = malloc(hkv * len * sizeof(float));
+    float *k = malloc(len * hkv * d * sizeof(float)), *v = malloc(len * hkv * d * sizeof(float));
+    float *q = malloc(h * d * sizeof(float));
+    uint64_t seed = rng;
+    for (size_t i = 0; i < len * hkv * d; i++)
+        k[i] = gauss() * ((i % d) == 3 ? 20.0f : 1.0f), v[i] = gauss();
+    for (size_t i = 0; i < h * d; i++)
+        q[i] = gauss();
+    rng = seed;
+    size_t bad = 0;
+    int rc = i8a_append(kt, &c, k, v, len, &bad);
+    c.len = len;
+    void *scratch = aligned_alloc(64, (i8a_decode_scratch_size(h, hkv, d) + 63) & ~(size_t)63);
+    rc |= i8a_decode(kt, &c, q, h, 0.125f, q_bits, out, scratch, &bad);
+    free(scratch), free(k), free(v), free(q), free(c.k), free(c.v), free(c.ks), free(c.vs);
+    return rc;
+}
+
+int main(void)
+{
+    static const size_t shapes[][4] = {
+        {8, 8, 128, 1}, {8, 8, 128, 17}, {32, 8, 128, 1100}, {4, 1, 16, 300}, {2, 2, 1024, 513},
+        {8, 2, 48, 257}, {6, 3, 80, 255},
+    };
+    const unsigned have = i8a_cpu_features();
+    const i8a_kernels *scalar = NULL;
+    for (const i8a_kernels *t = i8a_tiers; t->name; t++)
+        if (!strcmp(t->name, "scalar"))
+            scalar = t;
+    int failed = 0;
+    for (const i8a_kernels *t = i8a_tiers; t->name; t++) {
+        if ((t->requires & have) != t->requires) {
+            printf("%-14s skipped: not supported on this CPU\n", t->name);
+            continue;
+        }
+        size_t cases = 0, diffs = 0;
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+            for (int q_bits = 8; q_bits <= 16; q_bits += 8) {
+                size_t h = shapes[i][0], d = shapes[i][2];
+                float *a = malloc(h * d * sizeof(float)), *b = malloc(h * d * sizeof(float));
+                uint64_t seed = rng;
+                int rc = run_case(t, h, shapes[i][1], d, shapes[i][3], q_bits, a);
+                rng = seed;
+                rc |= run_case(scalar, h, shapes[i][1], d, shapes[i][3], q_bits, b);
+                cases++;
+                if (rc || memcmp(a, b, h * d * sizeof(float)) != 0)
+                    diffs++;
+                free(a), free(b);
+            }
+        }
+        printf("%-14s %zu cases, %zu differ from scalar\n", t->name, cases, diffs);
+        failed |= diffs != 0;
+    }
+    return failed;
+}

@@ -1,0 +1,222 @@
+"""The cache object: appends, views, dequantize, out=, input conversion, memory."""
+
+import gc
+import os
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import int8attn as ia
+from conftest import filled_cache, make_kv, rel_err
+from int8attn import reference as R
+
+
+def test_readme_usage():
+    rng = np.random.default_rng(0)
+    cache = ia.Int8KVCache(n_kv_heads=8, max_seq=4096, head_dim=128)
+    for _ in range(20):
+        k, v = rng.standard_normal((2, 8, 128), dtype=np.float32)
+        cache.append(k, v)
+    q = rng.standard_normal((32, 128), dtype=np.float32)
+    out = cache.decode(q)
+    assert out.shape == (32, 128) and out.dtype == np.float32
+    assert len(cache) == 20
+
+
+def test_properties_and_nbytes():
+    cache = ia.Int8KVCache(3, 100, 48)
+    assert (cache.n_kv_heads, cache.max_seq, cache.head_dim, len(cache)) == (3, 100, 48, 0)
+    # codes: 2 * Hkv * max_seq * D bytes; scales: 2 * Hkv * max_seq float32
+    assert cache.nbytes == 2 * 3 * 100 * 48 + 2 * 3 * 100 * 4
+    assert "holding 0 tokens" in repr(cache)
+
+
+def test_bulk_append_equals_per_token_append_bit_for_bit(tier):
+    rng = np.random.default_rng(2)
+    k, v = make_kv(rng, 300, 4, 64, "outlier")
+    bulk = ia.Int8KVCache(4, 300, 64)
+    bulk.append(k, v)
+    one = ia.Int8KVCache(4, 300, 64)
+    for t in range(300):
+        one.append(k[t], v[t])
+    mixed = ia.Int8KVCache(4, 300, 64)
+    mixed.append(k[:1], v[:1])
+    mixed.append(k[1:257], v[1:257])
+    mixed.append(k[257:], v[257:])
+    for c in (one, mixed):
+        for name in ("k_i8", "v_i8", "k_scale", "v_scale"):
+            np.testing.assert_array_equal(getattr(c, name), getattr(bulk, name))
+    q = rng.standard_normal((8, 64)).astype(np.float32)
+    np.testing.assert_array_equal(bulk.decode(q), one.decode(q))
+
+
+def test_views_layout_and_dequantize():
+    rng = np.random.default_rng(3)
+    cache, k, v = filled_cache(rng, 3, 32, 21, cap=50)
+    assert cache.k_i8.shape == (3, 21, 32) and cache.k_i8.dtype == np.int8
+    assert cache.v_scale.shape == (3, 21) and cache.v_scale.dtype == np.float32
+    codes, scales = R.quantize_rows(v)
+    np.testing.assert_array_equal(cache.v_i8, codes.transpose(1, 0, 2))
+    np.testing.assert_array_equal(cache.v_scale, scales.T)
+    kd, vd = cache.dequantize()
+    assert kd.shape == (21, 3, 32) and kd.dtype == np.float32
+    kc, ks = R.quantize_rows(k)
+    np.testing.assert_array_equal(kd, kc.astype(np.float32) * ks[..., None])
+    # the cache format's error: half a quantization step at most
+    assert np.all(np.abs(vd - v) <= scales[..., None] * 0.5001)
+
+
+def test_views_are_read_only_and_not_copies():
+    rng = np.random.default_rng(4)
+    cache, _, _ = filled_cache(rng, 2, 16, 10, cap=20)
+    for name in ("k_i8", "v_i8", "k_scale", "v_scale"):
+        view = getattr(cache, name)
+        assert not view.flags.writeable
+        with pytest.raises(ValueError):
+            view[...] = 0
+        with pytest.raises(ValueError):
+            view.flags.writeable = True
+    a = cache.k_i8
+    k, v = make_kv(rng, 1, 2, 16)
+    before = a.copy()
+    cache.append(k, v)
+    np.testing.assert_array_equal(a, before)      # the old view still shows its 10 tokens
+    # no copy: a view reads the cache's buffer, so after reset it shows what is stored anew
+    cache.reset()
+    k, v = make_kv(rng, 10, 2, 16)
+    cache.append(k * 3, v)
+    np.testing.assert_array_equal(a, cache.k_i8)
+    assert not np.array_equal(a, before)
+
+
+def test_reset_forgets_tokens_and_cache_is_reusable():
+    rng = np.random.default_rng(5)
+    cache, _, _ = filled_cache(rng, 2, 32, 30)
+    cache.reset()
+    assert len(cache) == 0 and cache.k_i8.shape == (2, 0, 32)
+    with pytest.raises(ValueError, match="empty"):
+        cache.decode(np.ones((2, 32), np.float32))
+    k, v = make_kv(rng, 30, 2, 32)
+    cache.append(k, v)
+    q = rng.standard_normal((4, 32)).astype(np.float32)
+    assert rel_err(cache.decode(q), R.attention(q, *cache.dequantize())) <= 1e-3
+
+
+def test_out_argument_writes_in_place():
+    rng = np.random.default_rng(6)
+    cache, _, _ = filled_cache(rng, 2, 32, 50)
+    q = rng.standard_normal((4, 32)).astype(np.float32)
+    out = np.full((4, 32), np.nan, np.float32)
+    got = cache.decode(q, out=out)
+    assert got is out
+    np.testing.assert_array_equal(out, cache.decode(q))
+
+
+def test_any_float_array_like_and_strides():
+    rng = np.random.default_rng(7)
+    k, v = make_kv(rng, 12, 2, 32)
+    ref = ia.Int8KVCache(2, 12, 32)
+    ref.append(k, v)
+    # float64, non-contiguous, Fortran order, lists, float16
+    c64 = ia.Int8KVCache(2, 12, 32)
+    c64.append(k.astype(np.float64), v.astype(np.float64))
+    big_k = np.zeros((12, 2, 64), np.float32)
+    big_k[:, :, ::2] = k
+    big_v = np.zeros((12, 2, 64), np.float32)
+    big_v[:, :, ::2] = v
+    strided = ia.Int8KVCache(2, 12, 32)
+    strided.append(big_k[:, :, ::2], big_v[:, :, ::2])
+    fortran = ia.Int8KVCache(2, 12, 32)
+    fortran.append(np.asfortranarray(k), np.asfortranarray(v))
+    lists = ia.Int8KVCache(2, 12, 32)
+    for t in range(12):
+        lists.append(k[t].tolist(), v[t].tolist())
+    for c in (c64, strided, fortran, lists):
+        np.testing.assert_array_equal(c.k_i8, ref.k_i8)
+        np.testing.assert_array_equal(c.v_scale, ref.v_scale)
+    q = rng.standard_normal((4, 32))
+    np.testing.assert_array_equal(ref.decode(q), ref.decode(q.astype(np.float32)))
+    np.testing.assert_array_equal(ref.decode(q[:, ::-1][:, ::-1]), ref.decode(q.astype(np.float32)))
+    np.testing.assert_array_equal(ref.decode(q.T.copy().T), ref.decode(q.astype(np.float32)))
+    half = ia.Int8KVCache(2, 12, 32)
+    half.append(k.astype(np.float16), v.astype(np.float16))
+    np.testing.assert_array_equal(half.k_i8, R.quantize_rows(k.astype(np.float16))[0].transpose(1, 0, 2))
+
+
+def test_torch_cpu_tensors():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(8)
+    k, v = make_kv(rng, 9, 2, 32)
+    a = ia.Int8KVCache(2, 9, 32)
+    a.append(torch.from_numpy(k), torch.from_numpy(v).to(torch.float64))
+    b = ia.Int8KVCache(2, 9, 32)
+    b.append(k, v)
+    np.testing.assert_array_equal(a.k_i8, b.k_i8)
+    q = rng.standard_normal((4, 32)).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(a.decode(torch.from_numpy(q).requires_grad_())),
+                                  b.decode(q))
+
+
+def _rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_no_memory_growth_over_many_appends_and_decodes(tier):
+    rng = np.random.default_rng(9)
+    k, v = make_kv(rng, 64, 4, 64)
+    q = rng.standard_normal((8, 64)).astype(np.float32)
+    out = np.empty((8, 64), np.float32)
+    cache = ia.Int8KVCache(4, 64, 64)
+
+    def cycle(n):
+        for _ in range(n):
+            cache.reset()
+            cache.append(k[:32], v[:32])
+            for t in range(32, 64):
+                cache.append(k[t], v[t])
+            cache.decode(q)
+            cache.decode(q, out=out, q_bits=8)
+            cache.dequantize()
+
+    cycle(20)
+    gc.collect()
+    before = _rss_bytes()
+    cycle(300)
+    gc.collect()
+    assert _rss_bytes() - before < 2 * 1024 * 1024
+
+
+def test_gil_is_released_while_a_kernel_runs():
+    """While one thread is inside decode, another thread runs Python: it sees the cache busy.
+    That can only happen if the kernel runs without the GIL (the busy flag is set and cleared
+    in compiled code around the GIL-free call)."""
+    rng = np.random.default_rng(10)
+    cache, _, _ = filled_cache(rng, 4, 128, 4096)
+    q = rng.standard_normal((16, 128)).astype(np.float32)
+    done = threading.Event()
+    seen_busy = []
+
+    def work():
+        for _ in range(200):
+            if seen_busy:
+                break
+            try:
+                cache.decode(q)
+            except RuntimeError:
+                pass                              # the main thread held it: try again
+        done.set()
+
+    t = threading.Thread(target=work)
+    t.start()
+    while not done.is_set() and not seen_busy:
+        try:
+            cache.decode(q[:4])
+        except RuntimeError as e:
+            assert "in use by another thread" in str(e)
+            seen_busy.append(True)
+    t.join()
+    assert seen_busy

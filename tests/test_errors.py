@@ -1,0 +1,135 @@
+"""Bad input: a clear ValueError/TypeError naming the argument, and the cache exactly as before."""
+
+import numpy as np
+import pytest
+
+import int8attn as ia
+from conftest import assert_same_state, filled_cache, snapshot
+
+
+@pytest.mark.parametrize("args, exc, match", [
+    ((0, 10, 16), ValueError, "n_kv_heads must be positive, got 0"),
+    ((2, -1, 16), ValueError, "max_seq must be positive, got -1"),
+    ((2, 10, 0), ValueError, "head_dim must be positive"),
+    ((2, 10, 24), ValueError, "head_dim must be a multiple of 16 and at most 1024, got 24"),
+    ((2, 10, 1040), ValueError, "head_dim .* got 1040"),
+    ((2.0, 10, 16), TypeError, "n_kv_heads must be an int, got float"),
+    ((2, "10", 16), TypeError, "max_seq must be an int, got str"),
+    ((True, 10, 16), TypeError, "n_kv_heads must be an int, got bool"),
+])
+def test_constructor_arguments(args, exc, match):
+    with pytest.raises(exc, match=match):
+        ia.Int8KVCache(*args)
+
+
+@pytest.fixture
+def cache():
+    c, _, _ = filled_cache(np.random.default_rng(0), 2, 32, 20, cap=24)
+    return c
+
+
+def good(*shape):
+    return np.ones(shape, np.float32)
+
+
+@pytest.mark.parametrize("k, v, exc, match", [
+    (good(3, 32), good(3, 32), ValueError, r"k must have shape .*Hkv=2, D=32.*got \[3, 32\]"),
+    (good(2, 16), good(2, 16), ValueError, r"k must have shape .*got \[2, 16\]"),
+    (good(32), good(32), ValueError, r"k must have shape .*got \[32\]"),
+    (good(1, 1, 2, 32), good(1, 1, 2, 32), ValueError, r"k must have shape"),
+    (good(2, 32), good(1, 2, 32), ValueError, r"v must have the shape of k, \[2, 32\]; got \[1, 2, 32\]"),
+    (good(2, 2, 32), good(3, 2, 32), ValueError, r"v must have the shape of k"),
+    (good(5, 2, 32), good(5, 2, 32), ValueError, r"appending 5 token\(s\) to a cache holding 20 would exceed max_seq=24"),
+    (np.ones((2, 32), complex), good(2, 32), TypeError, r"k must hold real numbers .* complex128"),
+    (good(2, 32), np.array([["a"] * 32] * 2), TypeError, r"v must hold real numbers"),
+    ("abc", good(2, 32), TypeError, r"k must hold real numbers"),
+    (object(), good(2, 32), TypeError, r"k must hold real numbers .*object"),
+    ([[1.0] * 32, [1.0] * 31], good(2, 32), TypeError, r"k must be a float array-like"),
+])
+def test_append_bad_input_leaves_cache_unchanged(cache, k, v, exc, match):
+    before = snapshot(cache)
+    with pytest.raises(exc, match=match):
+        cache.append(k, v)
+    assert_same_state(cache, before)
+
+
+@pytest.mark.parametrize("which", ["k", "v"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 1e39])
+def test_non_finite_batch_is_all_or_nothing(tier, cache, which, bad):
+    k = np.ones((3, 2, 32), np.float32)
+    v = np.ones((3, 2, 32), np.float64)
+    arr = k if which == "k" else v
+    with np.errstate(over="ignore"):
+        arr[2, 1, 31] = bad                      # the last row of the batch: the rest was quantized
+    before = snapshot(cache)
+    with pytest.raises(ValueError, match=rf"{which} holds NaN or Inf, or a value beyond float32 range \(token 2, kv head 1\); nothing was appended"):
+        cache.append(k, v)
+    assert_same_state(cache, before)
+    cache.append(np.ones((4, 2, 32)), np.ones((4, 2, 32)))   # it still takes a full batch
+    assert len(cache) == 24
+
+
+def test_batch_past_max_seq_appends_nothing(cache):
+    before = snapshot(cache)
+    with pytest.raises(ValueError, match="max_seq=24"):
+        cache.append(good(5, 2, 32), good(5, 2, 32))
+    assert_same_state(cache, before)
+    cache.append(good(4, 2, 32), good(4, 2, 32))
+    with pytest.raises(ValueError, match="holding 24 would exceed max_seq=24"):
+        cache.append(good(2, 32), good(2, 32))
+    assert len(cache) == 24
+
+
+def test_empty_batch_is_a_no_op(cache):
+    before = snapshot(cache)
+    cache.append(np.zeros((0, 2, 32)), np.zeros((0, 2, 32)))
+    assert_same_state(cache, before)
+
+
+@pytest.mark.parametrize("q, kwargs, exc, match", [
+    (good(4, 16), {}, ValueError, r"q must have shape \[H, D\] with D=32 and H >= 1; got \[4, 16\]"),
+    (good(32), {}, ValueError, r"q must have shape \[H, D\]"),
+    (good(1, 4, 32), {}, ValueError, r"q must have shape \[H, D\]"),
+    (good(0, 32), {}, ValueError, r"H >= 1; got \[0, 32\]"),
+    (good(3, 32), {}, ValueError, r"q has H=3 query heads, not a multiple of n_kv_heads=2"),
+    (good(4, 32), {"q_bits": 4}, ValueError, r"q_bits must be 16 or 8, got 4"),
+    (good(4, 32), {"q_bits": True}, ValueError, r"q_bits must be 16 or 8"),
+    (good(4, 32), {"scale": float("nan")}, ValueError, r"scale must be finite"),
+    (good(4, 32), {"scale": 1e39}, ValueError, r"scale must be finite in float32"),
+    (good(4, 32), {"scale": "x"}, TypeError, r"scale must be a real number, got str"),
+    (good(4, 32), {"out": np.empty((4, 32), np.float64)}, TypeError, r"out must have dtype float32"),
+    (good(4, 32), {"out": np.empty((2, 32), np.float32)}, ValueError, r"out must have shape \[4, 32\]"),
+    (good(4, 32), {"out": np.empty((32, 4), np.float32).T}, ValueError, r"out must be C-contiguous"),
+    (good(4, 32), {"out": [[0.0] * 32] * 4}, TypeError, r"out must be a numpy.ndarray, got list"),
+    (np.ones((4, 32), complex), {}, TypeError, r"q must hold real numbers"),
+])
+def test_decode_bad_input(cache, q, kwargs, exc, match):
+    before = snapshot(cache)
+    with pytest.raises(exc, match=match):
+        cache.decode(q, **kwargs)
+    assert_same_state(cache, before)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_decode_non_finite_q(tier, cache, bad):
+    q = np.ones((4, 32), np.float32)
+    q[3, 5] = bad
+    out = np.full((4, 32), 7.0, np.float32)
+    before = snapshot(cache)
+    with pytest.raises(ValueError, match=r"q holds NaN or Inf, or a value beyond float32 range \(query head 3\)"):
+        cache.decode(q, out=out)
+    assert np.all(out == 7.0)                      # out untouched too
+    assert_same_state(cache, before)
+
+
+def test_decode_empty_cache():
+    c = ia.Int8KVCache(2, 8, 16)
+    with pytest.raises(ValueError, match="decode on an empty cache"):
+        c.decode(good(2, 16))
+
+
+def test_read_only_out_rejected(cache):
+    out = np.empty((4, 32), np.float32)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="writeable"):
+        cache.decode(good(4, 32), out=out)

@@ -1,0 +1,114 @@
+"""Kernel-level properties of every tier: the quantizer bit for bit, exact integer dots,
+and the same output bits as the scalar tier (the contract fixes every operation's order)."""
+
+import numpy as np
+import pytest
+
+import int8attn as ia
+from conftest import TIERS, filled_cache, make_kv, use_tier
+from int8attn import _cache
+from int8attn import reference as R
+
+ODD_WIDTHS = [1, 2, 3, 5, 7, 8, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 1023, 1024]
+
+
+@pytest.mark.parametrize("d", ODD_WIDTHS)
+def test_quantizer_matches_numpy_bit_for_bit(tier, d):
+    rng = np.random.default_rng(d)
+    x = rng.standard_normal((9, d)).astype(np.float32) * np.float32(3.5)
+    x[1] = 0.0                                   # all-zero row: scale 0, codes 0
+    x[2, :] = 1e-35                              # below the 2^-100 floor: stored as zero
+    x[3] = np.round(x[3] * 2) / 2                # ties for round-half-even
+    x[4, 0] = -x[4].max() * 1.01                 # the negative extreme
+    x[5] *= 1e30
+    x[6] = np.linspace(-127, 127, d, dtype=np.float32) / 2  # x * inv lands on .5 ties
+    codes, scales = _cache._quantize_rows(x)
+    ref_codes, ref_scales = R.quantize_rows(x)
+    np.testing.assert_array_equal(codes, ref_codes)
+    np.testing.assert_array_equal(scales.view(np.int32), ref_scales.view(np.int32))
+    assert codes.min() >= -127
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_quantizer_rejects_non_finite(tier, bad):
+    for d in (5, 16, 40):
+        x = np.ones((1, d), np.float32)
+        x[0, d - 1] = bad
+        with pytest.raises(ValueError):
+            _cache._quantize_rows(x)
+
+
+@pytest.mark.parametrize("d", [16, 32, 48, 80, 128, 1008, 1024])
+def test_integer_dots_are_exact(tier, d):
+    rng = np.random.default_rng(d)
+    q = rng.integers(-127, 128, size=d, dtype=np.int8)
+    k = rng.integers(-127, 128, size=(37, d), dtype=np.int8)
+    k[0] = 127                                   # extremes: the largest dots there are
+    k[1] = -127
+    q2 = np.full(d, -127, np.int8)
+    want = k.astype(np.int64) @ q.astype(np.int64)
+    np.testing.assert_array_equal(_cache._dots(q, k), want)
+    np.testing.assert_array_equal(_cache._dots(q2, k), k.astype(np.int64) @ q2.astype(np.int64))
+
+
+def test_stored_bytes_identical_whichever_tier_appended():
+    rng = np.random.default_rng(1)
+    k, v = make_kv(rng, 77, 3, 80, "outlier")
+    stores = []
+    for name in TIERS:
+        use_tier(name)
+        cache = ia.Int8KVCache(3, 100, 80)
+        cache.append(k[:40], v[:40])
+        for t in range(40, 77):
+            cache.append(k[t], v[t])
+        stores.append((cache.k_i8.tobytes(), cache.v_i8.tobytes(), cache.k_scale.tobytes(),
+                       cache.v_scale.tobytes()))
+    _cache._set_isa(TIERS[0])
+    assert all(s == stores[0] for s in stores)
+    codes, scales = R.quantize_rows(k)
+    assert stores[0][0] == codes.transpose(1, 0, 2).tobytes()
+    assert stores[0][2] == scales.T.tobytes()
+
+
+@pytest.mark.parametrize("q_bits", [16, 8])
+@pytest.mark.parametrize("shape", [(8, 8, 128, 1), (8, 2, 48, 257), (32, 8, 128, 1100),
+                                   (4, 1, 1024, 300), (6, 3, 16, 513)])
+def test_every_tier_returns_the_scalar_tiers_bits(shape, q_bits):
+    h, hkv, d, s = shape
+    rng = np.random.default_rng(s + d)
+    cache, _, _ = filled_cache(rng, hkv, d, s, "outlier")
+    q = rng.standard_normal((h, d)).astype(np.float32)
+    outs = {}
+    for name in TIERS:
+        use_tier(name)
+        outs[name] = cache.decode(q, q_bits=q_bits)
+    _cache._set_isa(TIERS[0])
+    for name, out in outs.items():
+        np.testing.assert_array_equal(out.view(np.int32), outs["scalar"].view(np.int32), err_msg=name)
+
+
+@pytest.mark.parametrize("construction", ["q_zero", "identical_keys"])
+@pytest.mark.parametrize("s", [1, 17, 256, 1000])
+def test_uniform_logits_bit_exact_across_tiers(construction, s):
+    """All logits equal: p = exp(0) = 1 exactly, so out is the plain mean of the dequantized V
+    rows in the contract's order, whichever tier runs."""
+    rng = np.random.default_rng(s)
+    hkv, d, h = 2, 64, 4
+    k, v = make_kv(rng, s, hkv, d)
+    if construction == "identical_keys":
+        k[:] = k[:1]
+        q = rng.standard_normal((h, d)).astype(np.float32)
+    else:
+        q = np.zeros((h, d), np.float32)
+    cache = ia.Int8KVCache(hkv, s, d)
+    cache.append(k, v)
+    outs = []
+    for name in TIERS:
+        use_tier(name)
+        outs.append(cache.decode(q))
+        outs.append(cache.decode(q, q_bits=8))
+    _cache._set_isa(TIERS[0])
+    for out in outs[1:]:
+        np.testing.assert_array_equal(out.view(np.int32), outs[0].view(np.int32))
+    mean = (cache.v_i8.astype(np.float64) * cache.v_scale[..., None]).mean(axis=1)
+    np.testing.assert_allclose(outs[0], np.repeat(mean, h // hkv, axis=0), rtol=0, atol=1e-5)
