@@ -16,7 +16,7 @@ if sys.platform == "win32":
 else:
     # -ffp-contract=off: an FMA only where the kernels write one, so every tier rounds alike.
     cflags = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c11"]
-    libraries = ["m"]
+    libraries = ["m", "pthread"]
 
 ext = Extension(
     "int8attn._cache",
@@ -24,6 +24,7 @@ ext = Extension(
         "src/int8attn/_cache.pyx",
         "src/int8attn/_engine.c",
         "src/int8attn/_cpu.c",
+        "src/int8attn/_pool.c",
         "src/int8attn/_simd/kernels.c",
     ],
     include_dirs=["src/int8attn"],

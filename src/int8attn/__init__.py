@@ -12,8 +12,11 @@ accumulation over the int8 V stream, with SIMD kernels chosen for this CPU at im
 """
 
 from . import reference
-from ._cache import Int8KVCache, isa, supported_isas
+from ._cache import Int8KVCache, get_num_threads, isa, set_num_threads, supported_isas
 
 __version__ = "0.1.0"
 
-__all__ = ["Int8KVCache", "isa", "supported_isas", "reference", "__version__"]
+__all__ = [
+    "Int8KVCache", "isa", "supported_isas", "set_num_threads", "get_num_threads", "reference",
+    "__version__",
+]

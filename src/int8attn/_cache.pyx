@@ -3,7 +3,7 @@
 calls the active tier's kernels with the GIL released. Public names are re-exported by
 ``int8attn``; everything starting with an underscore is private (tests use it)."""
 
-from libc.stdint cimport int8_t, int32_t
+from libc.stdint cimport int8_t, int32_t, uint64_t
 
 import math
 import os
@@ -33,9 +33,18 @@ cdef extern from "_engine.h" nogil:
         size_t hkv, cap, d, len
     int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const float *v,
                    size_t t, size_t *bad)
-    size_t i8a_decode_scratch_size(size_t h, size_t hkv, size_t d)
+    size_t i8a_decode_threads(const i8a_cache *c, size_t h, size_t max_threads)
+    size_t i8a_decode_scratch_size(const i8a_cache *c, size_t h, size_t threads)
     int i8a_decode(const i8a_kernels *kt, const i8a_cache *c, const float *q, size_t h,
-                   float scale, int q_bits, float *out, void *scratch, size_t *bad)
+                   float scale, int q_bits, float *out, void *scratch, size_t threads,
+                   size_t *bad)
+    uint64_t i8a_stream_read(const i8a_kernels *kt, const i8a_cache *c, size_t threads)
+
+
+cdef extern from "_pool.h" nogil:
+    enum:
+        I8A_MAX_THREADS
+    size_t i8a_cpus_available()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,6 +106,47 @@ _SUPPORTED = _supported_isas()
 for _i, _name in enumerate(_COMPILED):
     _tier_index[_name] = _i
 _set_isa(_requested_isa(os.environ) or _SUPPORTED[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Threads
+
+cdef size_t _threads = 1
+
+
+def _threads_from_env(environ):
+    value = environ.get("INT8ATTN_NUM_THREADS", "").strip()
+    if not value:
+        return min(i8a_cpus_available(), I8A_MAX_THREADS)
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= I8A_MAX_THREADS:
+        raise ValueError(f"INT8ATTN_NUM_THREADS must be an integer from 1 to {I8A_MAX_THREADS}, "
+                         f"got {value!r}")
+    return n
+
+
+def set_num_threads(n):
+    """Use at most n threads per decode (1 .. 256). The default is the number of CPUs this
+    process may run on (its affinity mask), or INT8ATTN_NUM_THREADS when set. Results do not
+    depend on it: the output is bit-identical for every thread count."""
+    global _threads
+    if isinstance(n, bool) or not hasattr(n, "__index__"):
+        raise TypeError(f"n must be an int, got {type(n).__name__}")
+    n = n.__index__()
+    if not 1 <= n <= I8A_MAX_THREADS:
+        raise ValueError(f"n must be from 1 to {I8A_MAX_THREADS}, got {n}")
+    _threads = n
+
+
+def get_num_threads():
+    """The most threads a decode uses (short contexts use fewer, when that is faster)."""
+    return _threads
+
+
+_threads = _threads_from_env(os.environ)
 
 
 def isa():
@@ -378,7 +428,8 @@ cdef class Int8KVCache:
             out = np.empty((h, d), np.float32)
         else:
             _check_out(out, h, d)
-        cdef size_t need = i8a_decode_scratch_size(h, hkv, d)
+        cdef size_t threads = i8a_decode_threads(&self._c, h, _threads)
+        cdef size_t need = i8a_decode_scratch_size(&self._c, h, threads)
         if self._scratch is None or self._scratch.shape[0] < need:
             self._scratch = _aligned_empty(need, np.uint8)
         cdef const float[:, ::1] qmv = np.ascontiguousarray(qa)
@@ -391,12 +442,27 @@ cdef class Int8KVCache:
         self._enter()
         try:
             with nogil:
-                rc = i8a_decode(_kt, &self._c, &qmv[0, 0], nh, fscale, bits, &omv[0, 0], &smv[0], &bad)
+                rc = i8a_decode(_kt, &self._c, &qmv[0, 0], nh, fscale, bits, &omv[0, 0], &smv[0],
+                                threads, &bad)
         finally:
             self._busy = False
         if rc != 0:
             raise ValueError(f"q holds NaN or Inf, or a value beyond float32 range (query head {bad})")
         return out
+
+    def _stream_read(self, threads=None):
+        """Read every byte a decode reads (codes and scales of all heads and tokens), split over
+        threads like a decode, with the best tier's widest loads: the benchmarks' bandwidth
+        probe. Returns a checksum. threads defaults to what a decode of H = Hkv would use."""
+        cdef size_t t = i8a_decode_threads(&self._c, self._c.hkv, _threads) if threads is None else threads
+        cdef uint64_t x
+        with nogil:
+            x = i8a_stream_read(&i8a_tiers[0], &self._c, t)
+        return x
+
+    def _decode_threads(self, h):
+        """Threads a decode with h query heads would use now."""
+        return i8a_decode_threads(&self._c, h, _threads)
 
 
 def _check_out(out, h, d):

@@ -1,7 +1,8 @@
 /* Every supported tier against the scalar tier, bit for bit, straight through the C driver.
  * A fast check for cross-compiled builds run under qemu-user (the Python tests cover the rest):
  *   cc -O2 -ffp-contract=off -Isrc/int8attn tests/c/tiers_agree.c src/int8attn/_engine.c \
- *      src/int8attn/_cpu.c src/int8attn/_simd/kernels.c -lm && ./a.out
+ *      src/int8attn/_cpu.c src/int8attn/_pool.c src/int8attn/_simd/kernels.c -lm -pthread \
+ *      && ./a.out
  * Prints one line per tier and exits non-zero on any difference. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,8 +40,9 @@ static int run_case(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
     size_t bad = 0;
     int rc = i8a_append(kt, &c, k, v, len, &bad);
     c.len = len;
-    void *scratch = aligned_alloc(64, (i8a_decode_scratch_size(h, hkv, d) + 63) & ~(size_t)63);
-    rc |= i8a_decode(kt, &c, q, h, 0.125f, q_bits, out, scratch, &bad);
+    const size_t threads = 1 + (len % 3);      /* 1..3 threads: the output must not care */
+    void *scratch = aligned_alloc(64, (i8a_decode_scratch_size(&c, h, threads) + 63) & ~(size_t)63);
+    rc |= i8a_decode(kt, &c, q, h, 0.125f, q_bits, out, scratch, threads, &bad);
     free(scratch), free(k), free(v), free(q), free(c.k), free(c.v), free(c.ks), free(c.vs);
     return rc;
 }

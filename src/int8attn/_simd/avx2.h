@@ -170,62 +170,169 @@ static inline float i8a_softmax_avx2(float *p, size_t n, float m)
     return _mm_cvtss_f32(x);
 }
 
-/* o[0..d) = sum_s w[s] * v[s][.] in token order (fused), d a multiple of 16. */
-static inline void i8a_accumulate_v_avx2(const float *w, const int8_t *v, size_t n, size_t d, float *o)
+/* Four row sums of four int32 accumulators: lane r of the result is the sum of acc r. */
+static inline __m128i i8a_reduce4_avx2(__m256i a0, __m256i a1, __m256i a2, __m256i a3)
 {
-    size_t i = 0;
-    for (; i + 64 <= d; i += 64) {
-        __m256 a[8];
-        for (int b = 0; b < 8; b++)
-            a[b] = _mm256_setzero_ps();
-        for (size_t s = 0; s < n; s++) {
-            const int8_t *vr = v + s * d + i;
-            __m256 ws = _mm256_set1_ps(w[s]);
-            for (int b = 0; b < 8; b++) {
-                __m256i v32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vr + 8 * b)));
-                a[b] = _mm256_fmadd_ps(ws, _mm256_cvtepi32_ps(v32), a[b]);
+    __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+    return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+/* acc += the int32 pair sums of q . k over 16 bytes, in the low 128 bits. */
+static inline __m256i i8a_dot16x_avx2(__m256i acc, const int8_t *q, const int8_t *k)
+{
+    __m128i kk = _mm_loadu_si128((const __m128i *)k);
+    __m128i t = i8a_dot16_avx2(_mm_setzero_si128(), _mm_loadu_si128((const __m128i *)q), kk);
+    return _mm256_add_epi32(acc, _mm256_zextsi128_si256(t));
+}
+
+/* Exact dots of every query head's planes with rows [0, n) of the chunk, four rows at a time:
+ * dh[j * I8A_CHUNK + s], dl[...] (dl only with two planes). The k rows of a group stay in L1
+ * while each head of the group passes over them. */
+static inline void i8a_kdots_avx2(const i8a_query *q, const i8a_span *kv, int32_t *dh, int32_t *dl)
+{
+    const size_t d = q->d, n = kv->n;
+    const int two = q->two_planes;
+    size_t s = 0;
+    for (; s + 4 <= n; s += 4) {
+        const int8_t *k = kv->k + s * d;
+        for (size_t j = 0; j < q->nq; j++) {
+            const int8_t *qh = q->q_hi + j * d, *ql = q->q_lo + j * d;
+            __m256i h0 = _mm256_setzero_si256(), h1 = h0, h2 = h0, h3 = h0;
+            __m256i l0 = h0, l1 = h0, l2 = h0, l3 = h0;
+            size_t i = 0;
+            for (; i + 32 <= d; i += 32) {
+                __m256i a = _mm256_loadu_si256((const __m256i *)(qh + i));
+                h0 = i8a_dot32_avx2(h0, a, _mm256_loadu_si256((const __m256i *)(k + i)));
+                h1 = i8a_dot32_avx2(h1, a, _mm256_loadu_si256((const __m256i *)(k + d + i)));
+                h2 = i8a_dot32_avx2(h2, a, _mm256_loadu_si256((const __m256i *)(k + 2 * d + i)));
+                h3 = i8a_dot32_avx2(h3, a, _mm256_loadu_si256((const __m256i *)(k + 3 * d + i)));
+                if (two) {
+                    __m256i b = _mm256_loadu_si256((const __m256i *)(ql + i));
+                    l0 = i8a_dot32_avx2(l0, b, _mm256_loadu_si256((const __m256i *)(k + i)));
+                    l1 = i8a_dot32_avx2(l1, b, _mm256_loadu_si256((const __m256i *)(k + d + i)));
+                    l2 = i8a_dot32_avx2(l2, b, _mm256_loadu_si256((const __m256i *)(k + 2 * d + i)));
+                    l3 = i8a_dot32_avx2(l3, b, _mm256_loadu_si256((const __m256i *)(k + 3 * d + i)));
+                }
             }
+            if (i < d) {
+                h0 = i8a_dot16x_avx2(h0, qh + i, k + i);
+                h1 = i8a_dot16x_avx2(h1, qh + i, k + d + i);
+                h2 = i8a_dot16x_avx2(h2, qh + i, k + 2 * d + i);
+                h3 = i8a_dot16x_avx2(h3, qh + i, k + 3 * d + i);
+                if (two) {
+                    l0 = i8a_dot16x_avx2(l0, ql + i, k + i);
+                    l1 = i8a_dot16x_avx2(l1, ql + i, k + d + i);
+                    l2 = i8a_dot16x_avx2(l2, ql + i, k + 2 * d + i);
+                    l3 = i8a_dot16x_avx2(l3, ql + i, k + 3 * d + i);
+                }
+            }
+            _mm_store_si128((__m128i *)(dh + j * I8A_CHUNK + s), i8a_reduce4_avx2(h0, h1, h2, h3));
+            if (two)
+                _mm_store_si128((__m128i *)(dl + j * I8A_CHUNK + s), i8a_reduce4_avx2(l0, l1, l2, l3));
         }
-        for (int b = 0; b < 8; b++)
-            _mm256_storeu_ps(o + i + 8 * b, a[b]);
     }
-    for (; i < d; i += 16) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-        for (size_t s = 0; s < n; s++) {
-            const int8_t *vr = v + s * d + i;
-            __m256 ws = _mm256_set1_ps(w[s]);
-            __m256i v0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)vr));
-            __m256i v1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vr + 8)));
-            a0 = _mm256_fmadd_ps(ws, _mm256_cvtepi32_ps(v0), a0);
-            a1 = _mm256_fmadd_ps(ws, _mm256_cvtepi32_ps(v1), a1);
+    for (; s < n; s++)
+        for (size_t j = 0; j < q->nq; j++)
+            i8a_dot2_avx2(q->q_hi + j * d, q->q_lo + j * d, kv->k + s * d, d, two,
+                          dh + j * I8A_CHUNK + s, dl + j * I8A_CHUNK + s);
+}
+
+/* p[s] = i8a_logit(dh[s], dl[s], ...) for s < n, eight at a time; returns max_s p[s]. */
+static inline float i8a_logits_avx2(const int32_t *dh, const int32_t *dl, float c_hi, float c_lo,
+                                    int two, const float *ks, size_t n, float *p)
+{
+    const __m256 ch = _mm256_set1_ps(c_hi), cl = _mm256_set1_ps(c_lo);
+    __m256 vmax = _mm256_set1_ps(-FLT_MAX);
+    size_t s = 0;
+    for (; s + 8 <= n; s += 8) {
+        __m256 lg = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_load_si256((const __m256i *)(dh + s))), ch);
+        if (two)
+            lg = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_load_si256((const __m256i *)(dl + s))), cl, lg);
+        lg = _mm256_mul_ps(lg, _mm256_loadu_ps(ks + s));
+        _mm256_store_ps(p + s, lg);
+        vmax = _mm256_max_ps(vmax, lg);
+    }
+    float m = i8a_hmax8_avx2(vmax);
+    for (; s < n; s++) {
+        p[s] = i8a_logit(dh[s], two ? dl[s] : 0, c_hi, c_lo, two, ks[s]);
+        m = p[s] > m ? p[s] : m;
+    }
+    return m;
+}
+
+/* o[h][i0 .. i0 + 8 nv) = sum_s w[h][s] * v[s][.] in token order (fused), for NH heads at once:
+ * each V row is converted once for the group. NH and NV are constants at every call. */
+static inline __attribute__((always_inline)) void
+i8a_v_block_avx2(const float *w, int nh, int nv, const int8_t *v, size_t n, size_t d, size_t i0,
+                 float *o)
+{
+    __m256 acc[4][8];
+    for (int h = 0; h < nh; h++)
+        for (int b = 0; b < nv; b++)
+            acc[h][b] = _mm256_setzero_ps();
+    for (size_t s = 0; s < n; s++) {
+        const int8_t *vr = v + s * d + i0;
+        for (int b = 0; b < nv; b++) {
+            __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vr + 8 * b))));
+            for (int h = 0; h < nh; h++)
+                acc[h][b] = _mm256_fmadd_ps(_mm256_set1_ps(w[h * I8A_CHUNK + s]), x, acc[h][b]);
         }
-        _mm256_storeu_ps(o + i, a0);
-        _mm256_storeu_ps(o + i + 8, a1);
+    }
+    for (int h = 0; h < nh; h++)
+        for (int b = 0; b < nv; b++)
+            _mm256_storeu_ps(o + h * d + i0 + 8 * b, acc[h][b]);
+}
+
+static inline __attribute__((always_inline)) void
+i8a_v_group_avx2(const float *w, int nh, const int8_t *v, size_t n, size_t d, float *o)
+{
+    const int nv = nh == 1 ? 8 : nh == 2 ? 4 : 2;
+    size_t i = 0;
+    for (; i + 8 * (size_t)nv <= d; i += 8 * (size_t)nv)
+        i8a_v_block_avx2(w, nh, nv, v, n, d, i, o);
+    for (; i < d; i += 16)
+        i8a_v_block_avx2(w, nh, 2, v, n, d, i, o);
+}
+
+/* The V pass for all heads: w [nq][I8A_CHUNK], o [nq][d]; heads in groups of up to four. */
+static inline void i8a_accumulate_v_avx2(const float *w, size_t nq, const int8_t *v, size_t n,
+                                         size_t d, float *o)
+{
+    size_t j = 0;
+    for (; j + 4 <= nq; j += 4)
+        i8a_v_group_avx2(w + j * I8A_CHUNK, 4, v, n, d, o + j * d);
+    switch (nq - j) {
+    case 3: i8a_v_group_avx2(w + j * I8A_CHUNK, 3, v, n, d, o + j * d); break;
+    case 2: i8a_v_group_avx2(w + j * I8A_CHUNK, 2, v, n, d, o + j * d); break;
+    case 1: i8a_v_group_avx2(w + j * I8A_CHUNK, 1, v, n, d, o + j * d); break;
+    default: break;
     }
 }
 
 static void i8a_attend_avx2(const i8a_query *q, const i8a_span *kv, float *scratch,
                             const i8a_state *out)
 {
-    const size_t d = q->d, n = kv->n;
-    for (size_t j = 0; j < q->nq; j++) {
+    const size_t d = q->d, n = kv->n, nq = q->nq;
+    /* dh lives in the second half of the scratch, dl in the first: head j's logits then
+     * overwrite its own dl element by element, each read before it is written. */
+    int32_t *dh = (int32_t *)(scratch + nq * I8A_CHUNK), *dl = (int32_t *)scratch;
+    i8a_kdots_avx2(q, kv, dh, dl);
+    for (size_t j = 0; j < nq; j++) {
         float *p = scratch + j * I8A_CHUNK;
-        float m = 0.0f;
-        for (size_t s = 0; s < n; s++) {
-            int32_t dh, dl;
-            i8a_dot2_avx2(q->q_hi + j * d, q->q_lo + j * d, kv->k + s * d, d, q->two_planes, &dh, &dl);
-            float lg = i8a_logit(dh, dl, q->c_hi[j], q->c_lo[j], q->two_planes, kv->ks[s]);
-            p[s] = lg;
-            m = (s == 0 || lg > m) ? lg : m;
-        }
+        const float m = i8a_logits_avx2(dh + j * I8A_CHUNK, dl + j * I8A_CHUNK, q->c_hi[j],
+                                        q->two_planes ? q->c_lo[j] : 0.0f, q->two_planes,
+                                        kv->ks, n, p);
         for (size_t s = n; s < i8a_round16(n); s++)
             p[s] = 0.0f;
-        out->l[j] = i8a_softmax_avx2(p, n, m);
         out->m[j] = m;
-        for (size_t s = 0; s < n; s++)
+        out->l[j] = i8a_softmax_avx2(p, n, m);
+        size_t s = 0;
+        for (; s + 8 <= n; s += 8)
+            _mm256_store_ps(p + s, _mm256_mul_ps(_mm256_load_ps(p + s), _mm256_loadu_ps(kv->vs + s)));
+        for (; s < n; s++)
             p[s] = p[s] * kv->vs[s];
-        i8a_accumulate_v_avx2(p, kv->v, n, d, out->o + j * d);
     }
+    i8a_accumulate_v_avx2(scratch, nq, kv->v, n, d, out->o);
 }
 
 static void i8a_merge_avx2(const i8a_state *run, const i8a_state *chunk, size_t nq, size_t d)
@@ -241,6 +348,23 @@ static void i8a_merge_avx2(const i8a_state *run, const i8a_state *chunk, size_t 
             _mm256_storeu_ps(ro + i, _mm256_fmadd_ps(_mm256_loadu_ps(co + i), vb, r));
         }
     }
+}
+
+static uint64_t i8a_stream_avx2(const void *p, size_t bytes)
+{
+    const unsigned char *b = (const unsigned char *)p;
+    __m256i x0 = _mm256_setzero_si256(), x1 = x0, x2 = x0, x3 = x0;
+    size_t i = 0;
+    for (; i + 128 <= bytes; i += 128) {
+        x0 = _mm256_xor_si256(x0, _mm256_loadu_si256((const __m256i *)(b + i)));
+        x1 = _mm256_xor_si256(x1, _mm256_loadu_si256((const __m256i *)(b + i + 32)));
+        x2 = _mm256_xor_si256(x2, _mm256_loadu_si256((const __m256i *)(b + i + 64)));
+        x3 = _mm256_xor_si256(x3, _mm256_loadu_si256((const __m256i *)(b + i + 96)));
+    }
+    __m256i x = _mm256_xor_si256(_mm256_xor_si256(x0, x1), _mm256_xor_si256(x2, x3));
+    __m128i h = _mm_xor_si128(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    uint64_t r = (uint64_t)_mm_cvtsi128_si64(h) ^ (uint64_t)_mm_extract_epi64(h, 1);
+    return r ^ i8a_fold_tail(b + i, bytes - i);
 }
 
 #if defined(__clang__)

@@ -116,6 +116,21 @@ static inline void i8a_merge_head(const i8a_state *run, const i8a_state *chunk, 
     run->m[j] = m;
 }
 
+/* The tail of a stream fold: the bytes past the last whole 8-byte word. */
+static inline uint64_t i8a_fold_tail(const unsigned char *p, size_t bytes)
+{
+    uint64_t x = 0;
+    size_t i = 0;
+    for (; i + 8 <= bytes; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        x ^= w;
+    }
+    for (; i < bytes; i++)
+        x ^= (uint64_t)p[i] << (8 * (i % 8));
+    return x;
+}
+
 /* Tokens rounded up to whole groups of 16: the SIMD tiers work on the logit scratch in these
  * groups; the padding is written as zeros and masked out of the sum. */
 static inline size_t i8a_round16(size_t n)

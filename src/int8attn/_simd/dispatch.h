@@ -50,13 +50,17 @@ typedef int (*i8a_quantize_row_fn)(const float *x, size_t d, int8_t *codes, floa
 typedef void (*i8a_dots_fn)(const int8_t *q, const int8_t *k, size_t n, size_t d, int32_t *out);
 
 /* Attend a query group to one chunk: writes out->m, out->l, out->o for the chunk alone.
- * scratch: at least nq * I8A_CHUNK floats, 64-byte aligned. */
+ * scratch: at least 2 * nq * I8A_CHUNK floats, 64-byte aligned. */
 typedef void (*i8a_attend_fn)(const i8a_query *q, const i8a_span *kv, float *scratch,
                               const i8a_state *out);
 
 /* Fold a chunk's state into a running state (the running one covers the earlier tokens):
  * m = max(m, cm); l = l*a + cl*b; o = o*a + co*b, a = exp(m_old - m), b = exp(cm - m). */
 typedef void (*i8a_merge_fn)(const i8a_state *run, const i8a_state *chunk, size_t nq, size_t d);
+
+/* XOR-fold of every byte of p[0 .. bytes): reads memory as fast as the tier can stream it (the
+ * bandwidth probe of the benchmarks). Any alignment, any length. */
+typedef uint64_t (*i8a_stream_fn)(const void *p, size_t bytes);
 
 typedef struct {
     const char *name;
@@ -65,6 +69,7 @@ typedef struct {
     i8a_dots_fn dots;
     i8a_attend_fn attend;
     i8a_merge_fn merge;
+    i8a_stream_fn stream;
 } i8a_kernels;
 
 /* CPU feature bits, filled by i8a_cpu_features() in _cpu.c. */

@@ -18,6 +18,21 @@
 #define I8A_INLINE static inline __attribute__((always_inline))
 #else
 #define I8A_INLINE static inline
+static uint64_t i8a_stream_neon(const void *p, size_t bytes)
+{
+    const unsigned char *b = (const unsigned char *)p;
+    uint64x2_t x0 = vdupq_n_u64(0), x1 = x0, x2 = x0, x3 = x0;
+    size_t i = 0;
+    for (; i + 64 <= bytes; i += 64) {
+        x0 = veorq_u64(x0, vreinterpretq_u64_u8(vld1q_u8(b + i)));
+        x1 = veorq_u64(x1, vreinterpretq_u64_u8(vld1q_u8(b + i + 16)));
+        x2 = veorq_u64(x2, vreinterpretq_u64_u8(vld1q_u8(b + i + 32)));
+        x3 = veorq_u64(x3, vreinterpretq_u64_u8(vld1q_u8(b + i + 48)));
+    }
+    uint64x2_t x = veorq_u64(veorq_u64(x0, x1), veorq_u64(x2, x3));
+    return vgetq_lane_u64(x, 0) ^ vgetq_lane_u64(x, 1) ^ i8a_fold_tail(b + i, bytes - i);
+}
+
 #endif
 
 static int i8a_quantize_row_neon(const float *x, size_t d, int8_t *codes, float *scale)
@@ -218,6 +233,21 @@ static void i8a_merge_neon(const i8a_state *run, const i8a_state *chunk, size_t 
         for (size_t i = 0; i < d; i += 4)
             vst1q_f32(ro + i, vfmaq_n_f32(vmulq_n_f32(vld1q_f32(ro + i), a), vld1q_f32(co + i), b));
     }
+}
+
+static uint64_t i8a_stream_neon(const void *p, size_t bytes)
+{
+    const unsigned char *b = (const unsigned char *)p;
+    uint64x2_t x0 = vdupq_n_u64(0), x1 = x0, x2 = x0, x3 = x0;
+    size_t i = 0;
+    for (; i + 64 <= bytes; i += 64) {
+        x0 = veorq_u64(x0, vreinterpretq_u64_u8(vld1q_u8(b + i)));
+        x1 = veorq_u64(x1, vreinterpretq_u64_u8(vld1q_u8(b + i + 16)));
+        x2 = veorq_u64(x2, vreinterpretq_u64_u8(vld1q_u8(b + i + 32)));
+        x3 = veorq_u64(x3, vreinterpretq_u64_u8(vld1q_u8(b + i + 48)));
+    }
+    uint64x2_t x = veorq_u64(veorq_u64(x0, x1), veorq_u64(x2, x3));
+    return vgetq_lane_u64(x, 0) ^ vgetq_lane_u64(x, 1) ^ i8a_fold_tail(b + i, bytes - i);
 }
 
 #endif

@@ -1,0 +1,188 @@
+#include "_pool.h"
+
+#if defined(__unix__) || defined(__APPLE__)
+#define I8A_POOL_PTHREADS 1
+#endif
+
+#ifdef I8A_POOL_PTHREADS
+
+#if defined(__linux__) && !defined(_GNU_SOURCE)
+#define _GNU_SOURCE
+#endif
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <unistd.h>
+
+/* No PAUSE on x86: under KVM a PAUSE loop trips pause-loop exiting and the hypervisor
+ * deschedules the spinning vCPU, which measured here as millisecond stalls of the next job. */
+#if defined(__aarch64__)
+#define I8A_PAUSE() __asm__ volatile("yield")
+#else
+#define I8A_PAUSE() ((void)0)
+#endif
+
+/* Spin this many pause steps before sleeping: long enough to catch the next decode of a
+ * token loop (tens of microseconds), short enough not to hold a core when idle. */
+#define I8A_SPIN 20000
+
+static struct {
+    pthread_mutex_t run;          /* one job at a time */
+    pthread_mutex_t mu;           /* guards the sleeps below */
+    pthread_cond_t wake, done;
+    atomic_ullong job;            /* (job number << 16) | threads taking part, published last */
+    atomic_size_t next;           /* next item to take */
+    atomic_size_t busy;           /* workers (not the caller) still in the job */
+    atomic_int sleepers;          /* callers/workers asleep on a condition */
+    i8a_task_fn fn;
+    void *ctx;
+    size_t n_items;
+    size_t started;               /* worker threads created */
+    unsigned long long job_before_start;  /* the job word when the newest worker was created */
+} pool = {.run = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER,
+          .wake = PTHREAD_COND_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
+
+static void take_items(size_t worker)
+{
+    for (;;) {
+        size_t item = atomic_fetch_add_explicit(&pool.next, 1, memory_order_relaxed);
+        if (item >= pool.n_items)
+            return;
+        pool.fn(pool.ctx, item, worker);
+    }
+}
+
+/* The job number and its thread count travel in one word: a worker that wakes late, after
+ * the job it missed has ended, sees either that job's count (and it was not part of it: the
+ * caller waited for every part) or the next job's word, never a mix of the two. */
+static void *worker_main(void *arg)
+{
+    const size_t me = (size_t)arg;
+    unsigned long long seen = pool.job_before_start; /* set before pthread_create */
+    for (;;) {
+        unsigned long long job;
+        int spins = 0;
+        while ((job = atomic_load(&pool.job)) == seen) {
+            if (++spins < I8A_SPIN) {
+                I8A_PAUSE();
+                continue;
+            }
+            pthread_mutex_lock(&pool.mu);
+            atomic_fetch_add(&pool.sleepers, 1);
+            while (atomic_load(&pool.job) == seen)
+                pthread_cond_wait(&pool.wake, &pool.mu);
+            atomic_fetch_sub(&pool.sleepers, 1);
+            pthread_mutex_unlock(&pool.mu);
+        }
+        seen = job;
+        if (me < (job & 0xffff)) {
+            take_items(me);
+            if (atomic_fetch_sub_explicit(&pool.busy, 1, memory_order_acq_rel) == 1) {
+                pthread_mutex_lock(&pool.mu);
+                pthread_cond_signal(&pool.done);
+                pthread_mutex_unlock(&pool.mu);
+            }
+        }
+    }
+    return NULL;
+}
+
+/* After fork() only the forking thread exists in the child: forget the workers. */
+static void after_fork_child(void)
+{
+    pthread_mutex_init(&pool.run, NULL);
+    pthread_mutex_init(&pool.mu, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pthread_cond_init(&pool.done, NULL);
+    atomic_store(&pool.sleepers, 0);
+    pool.started = 0;
+}
+
+static size_t start_workers(size_t want)
+{
+    static int registered = 0;
+    if (!registered) {
+        pthread_atfork(NULL, NULL, after_fork_child);
+        registered = 1;
+    }
+    pool.job_before_start = atomic_load(&pool.job);
+    while (pool.started + 1 < want) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int rc = pthread_create(&t, &attr, worker_main, (void *)(pool.started + 1));
+        pthread_attr_destroy(&attr);
+        if (rc != 0)
+            break;
+        pool.started++;
+    }
+    return pool.started + 1;
+}
+
+size_t i8a_pool_run(size_t n_items, size_t n_threads, i8a_task_fn fn, void *ctx)
+{
+    size_t n = n_threads < n_items ? n_threads : n_items;
+    if (n > I8A_MAX_THREADS)
+        n = I8A_MAX_THREADS;
+    if (n <= 1 || pthread_mutex_trylock(&pool.run) != 0) {
+        for (size_t i = 0; i < n_items; i++)
+            fn(ctx, i, 0);
+        return 1;
+    }
+    size_t have = start_workers(n);
+    n = n < have ? n : have;
+    pool.fn = fn, pool.ctx = ctx, pool.n_items = n_items;
+    atomic_store_explicit(&pool.next, 0, memory_order_relaxed);
+    atomic_store_explicit(&pool.busy, n - 1, memory_order_relaxed);
+    /* seq_cst, as is the sleepers load after it: a worker going to sleep either is counted
+     * there (and woken) or sees the new job word before it sleeps */
+    unsigned long long number = (atomic_load(&pool.job) >> 16) + 1;
+    atomic_store(&pool.job, (number << 16) | n);
+    if (atomic_load(&pool.sleepers) > 0) {
+        pthread_mutex_lock(&pool.mu);
+        pthread_cond_broadcast(&pool.wake);
+        pthread_mutex_unlock(&pool.mu);
+    }
+    take_items(0);
+    for (int spins = 0; atomic_load_explicit(&pool.busy, memory_order_acquire) != 0;) {
+        if (++spins < I8A_SPIN) {
+            I8A_PAUSE();
+            continue;
+        }
+        pthread_mutex_lock(&pool.mu);
+        while (atomic_load(&pool.busy) != 0)
+            pthread_cond_wait(&pool.done, &pool.mu);
+        pthread_mutex_unlock(&pool.mu);
+    }
+    pthread_mutex_unlock(&pool.run);
+    return n;
+}
+
+size_t i8a_cpus_available(void)
+{
+#if defined(__linux__)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+        return (size_t)CPU_COUNT(&set);
+#endif
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (size_t)n : 1;
+}
+
+#else /* no pthreads: the calling thread does everything */
+
+size_t i8a_pool_run(size_t n_items, size_t n_threads, i8a_task_fn fn, void *ctx)
+{
+    (void)n_threads;
+    for (size_t i = 0; i < n_items; i++)
+        fn(ctx, i, 0);
+    return 1;
+}
+
+size_t i8a_cpus_available(void)
+{
+    return 1;
+}
+
+#endif
