@@ -11,7 +11,7 @@ import pytest
 import int8attn as ia
 from int8attn import _cache
 
-ALL_TIERS = {"scalar", "neon", "neon_dotprod", "avx2"}
+ALL_TIERS = {"scalar", "neon", "neon_dotprod", "avx2", "avx512_vnni"}
 
 
 def run_python(code, **env):
@@ -31,7 +31,7 @@ def test_tier_names():
     assert ia.isa() in supported
     machine = platform.machine().lower()
     if machine in ("x86_64", "amd64"):
-        assert set(_cache._compiled_isas()) == {"avx2", "scalar"}
+        assert set(_cache._compiled_isas()) == {"avx512_vnni", "avx2", "scalar"}
     elif machine in ("aarch64", "arm64"):
         assert set(_cache._compiled_isas()) == {"neon_dotprod", "neon", "scalar"}
         assert "neon" in supported                # every aarch64 core has Advanced SIMD
@@ -62,7 +62,7 @@ def test_int8attn_isa_wins_over_ca_cpu_isa():
 
 def test_unsupported_tier_is_a_clear_error_not_a_crash():
     missing = sorted(ALL_TIERS - set(ia.supported_isas()))
-    for name in missing + ["avx512", "bogus"]:
+    for name in missing + ["avx512", "sse2", "bogus"]:
         r = run_python("import int8attn", INT8ATTN_ISA=name)
         assert r.returncode == 1, (name, r.returncode, r.stderr)   # a Python error, no signal
         last = r.stderr.strip().splitlines()[-1]

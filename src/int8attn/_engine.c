@@ -139,27 +139,42 @@ static void finish_head(const decode_job *job, size_t g)
     }
 }
 
-static void decode_item(void *ctx, size_t item, size_t worker)
+/* Chunk `item` of the job as a span (without the prefetch hint). */
+static i8a_span span_at(const decode_job *job, size_t item)
+{
+    const i8a_cache *c = job->c;
+    const size_t g = item / job->chunks, s0 = (item % job->chunks) * I8A_CHUNK;
+    const size_t row = g * c->cap + s0, d = c->d;
+    i8a_span span = {c->k + row * d, c->v + row * d, c->ks + row, c->vs + row,
+                     c->len - s0 < I8A_CHUNK ? c->len - s0 : I8A_CHUNK, NULL, NULL, 0};
+    return span;
+}
+
+static void decode_range(void *ctx, size_t begin, size_t end, size_t worker)
 {
     const decode_job *job = (const decode_job *)ctx;
-    const i8a_cache *c = job->c;
-    const size_t g = item / job->chunks, k = item % job->chunks, d = c->d, nq = job->nq;
-    const size_t r0 = g * nq, s0 = k * I8A_CHUNK, row = g * c->cap + s0;
-    const i8a_query query = {
-        d, nq, job->two,
-        (const int8_t *)job->base + r0 * d,
-        (const int8_t *)job->base + job->L.q_lo + r0 * d,
-        (const float *)(job->base + job->L.c_hi) + r0,
-        (const float *)(job->base + job->L.c_lo) + r0,
-    };
-    const i8a_span span = {c->k + row * d, c->v + row * d, c->ks + row, c->vs + row,
-                           c->len - s0 < I8A_CHUNK ? c->len - s0 : I8A_CHUNK};
-    const i8a_state state = state_at(job, g, k);
+    const size_t d = job->c->d, nq = job->nq;
     float *scratch = (float *)(job->base + job->L.workers + worker * job->L.worker_bytes);
-    job->kt->attend(&query, &span, scratch, &state);
-    atomic_size_t *left = (atomic_size_t *)(job->base + job->L.left) + g;
-    if (atomic_fetch_sub_explicit(left, 1, memory_order_acq_rel) == 1)
-        finish_head(job, g);
+    for (size_t item = begin; item < end; item++) {
+        const size_t g = item / job->chunks, r0 = g * nq;
+        const i8a_query query = {
+            d, nq, job->two,
+            (const int8_t *)job->base + r0 * d,
+            (const int8_t *)job->base + job->L.q_lo + r0 * d,
+            (const float *)(job->base + job->L.c_hi) + r0,
+            (const float *)(job->base + job->L.c_lo) + r0,
+        };
+        i8a_span span = span_at(job, item);
+        if (item + 1 < end) {
+            const i8a_span next = span_at(job, item + 1);
+            span.next_k = next.k, span.next_v = next.v, span.next_n = next.n;
+        }
+        const i8a_state state = state_at(job, g, item % job->chunks);
+        job->kt->attend(&query, &span, scratch, &state);
+        atomic_size_t *left = (atomic_size_t *)(job->base + job->L.left) + g;
+        if (atomic_fetch_sub_explicit(left, 1, memory_order_acq_rel) == 1)
+            finish_head(job, g);
+    }
 }
 
 int i8a_decode(const i8a_kernels *kt, const i8a_cache *c, const float *q, size_t h, float scale,
@@ -181,7 +196,7 @@ int i8a_decode(const i8a_kernels *kt, const i8a_cache *c, const float *q, size_t
     atomic_size_t *left = (atomic_size_t *)(job.base + job.L.left);
     for (size_t g = 0; g < c->hkv; g++)
         atomic_init(left + g, job.chunks);
-    i8a_pool_run(c->hkv * job.chunks, threads, decode_item, &job);
+    i8a_pool_run(c->hkv * job.chunks, threads, decode_range, &job);
     return 0;
 }
 
@@ -192,23 +207,26 @@ typedef struct {
     _Atomic uint64_t sum;
 } stream_job;
 
-static void stream_item(void *ctx, size_t item, size_t worker)
+static void stream_range(void *ctx, size_t begin, size_t end, size_t worker)
 {
     (void)worker;
     stream_job *job = (stream_job *)ctx;
     const i8a_cache *c = job->c;
-    const size_t g = item / job->chunks, s0 = (item % job->chunks) * I8A_CHUNK;
-    const size_t n = c->len - s0 < I8A_CHUNK ? c->len - s0 : I8A_CHUNK, row = g * c->cap + s0;
-    uint64_t x = job->kt->stream(c->k + row * c->d, n * c->d);
-    x ^= job->kt->stream(c->v + row * c->d, n * c->d);
-    x ^= job->kt->stream(c->ks + row, n * sizeof(float));
-    x ^= job->kt->stream(c->vs + row, n * sizeof(float));
+    uint64_t x = 0;
+    for (size_t item = begin; item < end; item++) {
+        const size_t g = item / job->chunks, s0 = (item % job->chunks) * I8A_CHUNK;
+        const size_t n = c->len - s0 < I8A_CHUNK ? c->len - s0 : I8A_CHUNK, row = g * c->cap + s0;
+        x ^= job->kt->stream(c->k + row * c->d, n * c->d);
+        x ^= job->kt->stream(c->v + row * c->d, n * c->d);
+        x ^= job->kt->stream(c->ks + row, n * sizeof(float));
+        x ^= job->kt->stream(c->vs + row, n * sizeof(float));
+    }
     atomic_fetch_xor_explicit(&job->sum, x, memory_order_relaxed);
 }
 
 uint64_t i8a_stream_read(const i8a_kernels *kt, const i8a_cache *c, size_t threads)
 {
     stream_job job = {kt, c, n_chunks(c), 0};
-    i8a_pool_run(c->hkv * job.chunks, threads, stream_item, &job);
+    i8a_pool_run(c->hkv * job.chunks, threads, stream_range, &job);
     return atomic_load(&job.sum);
 }

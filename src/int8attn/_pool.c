@@ -31,7 +31,6 @@ static struct {
     pthread_mutex_t mu;           /* guards the sleeps below */
     pthread_cond_t wake, done;
     atomic_ullong job;            /* (job number << 16) | threads taking part, published last */
-    atomic_size_t next;           /* next item to take */
     atomic_size_t busy;           /* workers (not the caller) still in the job */
     atomic_int sleepers;          /* callers/workers asleep on a condition */
     i8a_task_fn fn;
@@ -42,14 +41,12 @@ static struct {
 } pool = {.run = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER,
           .wake = PTHREAD_COND_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
 
-static void take_items(size_t worker)
+/* Worker w of n takes items [w * items / n, (w + 1) * items / n). */
+static void take_items(size_t worker, size_t n)
 {
-    for (;;) {
-        size_t item = atomic_fetch_add_explicit(&pool.next, 1, memory_order_relaxed);
-        if (item >= pool.n_items)
-            return;
-        pool.fn(pool.ctx, item, worker);
-    }
+    const size_t begin = pool.n_items * worker / n, end = pool.n_items * (worker + 1) / n;
+    if (begin < end)
+        pool.fn(pool.ctx, begin, end, worker);
 }
 
 /* The job number and its thread count travel in one word: a worker that wakes late, after
@@ -76,7 +73,7 @@ static void *worker_main(void *arg)
         }
         seen = job;
         if (me < (job & 0xffff)) {
-            take_items(me);
+            take_items(me, job & 0xffff);
             if (atomic_fetch_sub_explicit(&pool.busy, 1, memory_order_acq_rel) == 1) {
                 pthread_mutex_lock(&pool.mu);
                 pthread_cond_signal(&pool.done);
@@ -126,14 +123,13 @@ size_t i8a_pool_run(size_t n_items, size_t n_threads, i8a_task_fn fn, void *ctx)
     if (n > I8A_MAX_THREADS)
         n = I8A_MAX_THREADS;
     if (n <= 1 || pthread_mutex_trylock(&pool.run) != 0) {
-        for (size_t i = 0; i < n_items; i++)
-            fn(ctx, i, 0);
+        if (n_items)
+            fn(ctx, 0, n_items, 0);
         return 1;
     }
     size_t have = start_workers(n);
     n = n < have ? n : have;
     pool.fn = fn, pool.ctx = ctx, pool.n_items = n_items;
-    atomic_store_explicit(&pool.next, 0, memory_order_relaxed);
     atomic_store_explicit(&pool.busy, n - 1, memory_order_relaxed);
     /* seq_cst, as is the sleepers load after it: a worker going to sleep either is counted
      * there (and woken) or sees the new job word before it sleeps */
@@ -144,7 +140,7 @@ size_t i8a_pool_run(size_t n_items, size_t n_threads, i8a_task_fn fn, void *ctx)
         pthread_cond_broadcast(&pool.wake);
         pthread_mutex_unlock(&pool.mu);
     }
-    take_items(0);
+    take_items(0, n);
     for (int spins = 0; atomic_load_explicit(&pool.busy, memory_order_acquire) != 0;) {
         if (++spins < I8A_SPIN) {
             I8A_PAUSE();
@@ -175,8 +171,8 @@ size_t i8a_cpus_available(void)
 size_t i8a_pool_run(size_t n_items, size_t n_threads, i8a_task_fn fn, void *ctx)
 {
     (void)n_threads;
-    for (size_t i = 0; i < n_items; i++)
-        fn(ctx, i, 0);
+    if (n_items)
+        fn(ctx, 0, n_items, 0);
     return 1;
 }
 

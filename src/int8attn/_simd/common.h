@@ -131,6 +131,18 @@ static inline uint64_t i8a_fold_tail(const unsigned char *p, size_t bytes)
     return x;
 }
 
+/* Prefetch `bytes` bytes from p into the caches (a hint: the next chunk of this thread, while
+ * the current one computes, so memory and arithmetic overlap in the cold regime). */
+static inline void i8a_prefetch_rows(const void *p, size_t bytes)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    for (size_t b = 0; b < bytes; b += 64)
+        __builtin_prefetch((const char *)p + b, 0, 2);
+#else
+    (void)p, (void)bytes;
+#endif
+}
+
 /* Tokens rounded up to whole groups of 16: the SIMD tiers work on the logit scratch in these
  * groups; the padding is written as zeros and masked out of the sum. */
 static inline size_t i8a_round16(size_t n)

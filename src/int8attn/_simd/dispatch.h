@@ -1,6 +1,6 @@
 /* The kernel table: every tier fills one i8a_kernels with functions of these signatures.
  *
- * Names follow i8a_<op>_<tier>, tier in {scalar, neon, neon_dotprod, avx2}. The front end only
+ * Names follow i8a_<op>_<tier>, tier in {scalar, neon, neon_dotprod, avx2, avx512_vnni}. The front end only
  * calls through a table; it validates every argument first, so kernels assume their
  * preconditions (written next to each signature) and never check them.
  */
@@ -26,11 +26,14 @@ typedef struct {
     const float *c_lo;   /* [nq], read only when two_planes */
 } i8a_query;
 
-/* One chunk of one kv head's history: rows s0 .. s0+n-1, pointers at row s0. */
+/* One chunk of one kv head's history: rows s0 .. s0+n-1, pointers at row s0; and where the
+ * thread's next chunk lies, as a prefetch hint (next_n = 0: none). */
 typedef struct {
     const int8_t *k, *v;      /* [n][d], rows d bytes apart */
     const float *ks, *vs;     /* [n] */
     size_t n;                 /* 1 .. I8A_CHUNK */
+    const int8_t *next_k, *next_v;  /* [next_n][d] */
+    size_t next_n;
 } i8a_span;
 
 /* Softmax state of nq query heads over some tokens: max logit, sum of exp(logit - m), and
@@ -76,6 +79,7 @@ typedef struct {
 #define I8A_CPU_AVX2 (1u << 0)          /* AVX2 + FMA, YMM state enabled by the OS */
 #define I8A_CPU_NEON (1u << 1)          /* aarch64 Advanced SIMD */
 #define I8A_CPU_DOTPROD (1u << 2)       /* aarch64 SDOT/UDOT (FEAT_DotProd) */
+#define I8A_CPU_AVX512_VNNI (1u << 3)   /* AVX-512 F, BW, VL and VNNI, ZMM state enabled */
 
 unsigned i8a_cpu_features(void);
 

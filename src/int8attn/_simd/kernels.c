@@ -5,6 +5,7 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include "avx2.h"
+#include "avx512_vnni.h"
 #define I8A_HAVE_AVX2 1
 #endif
 
@@ -15,6 +16,8 @@
 
 const i8a_kernels i8a_tiers[] = {
 #ifdef I8A_HAVE_AVX2
+    {"avx512_vnni", I8A_CPU_AVX2 | I8A_CPU_AVX512_VNNI, i8a_quantize_row_avx512_vnni,
+     i8a_dots_avx512_vnni, i8a_attend_avx512_vnni, i8a_merge_avx512_vnni, i8a_stream_avx512_vnni},
     {"avx2", I8A_CPU_AVX2, i8a_quantize_row_avx2, i8a_dots_avx2, i8a_attend_avx2, i8a_merge_avx2,
      i8a_stream_avx2},
 #endif

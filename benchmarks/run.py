@@ -1,0 +1,135 @@
+"""The int8attn benchmark suite: one command, one JSON report.
+
+    python benchmarks/run.py [--quick] [--out benchmarks/results/NAME.json]
+
+Runs every case of DESIGN section 6 (the seed's table per tier and q_bits, hot and cold regimes,
+longer contexts, GQA 32/8, thread scaling 1..N, and the numpy / torch baselines when present),
+prints a table and the issue's targets, and writes the report (machine, versions, commit, tier,
+threads, each figure's min / median / max). Compare two reports with benchmarks/compare.py.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+
+import int8attn as ia  # noqa: E402
+from int8attn import _bench  # noqa: E402
+from int8attn._bench import Case  # noqa: E402
+
+SEED = [512, 2048, 8192]
+
+
+def full_cases():
+    n = ia.get_num_threads()
+    cases = []
+    for tier in ia.supported_isas():
+        for q_bits in (16, 8):
+            cases += [Case("int8attn", 8, 8, 128, s, "hot", q_bits, tier) for s in SEED]
+    for q_bits in (16, 8):
+        cases += [Case("int8attn", 8, 8, 128, s, "cold", q_bits) for s in (8192, 32768)]
+    cases += [Case("int8attn", 8, 8, 128, 32768, "hot")]
+    cases += [Case("int8attn", 32, 8, 128, s, regime) for s in (2048, 8192)
+              for regime in ("hot", "cold")]
+    cases += [Case("int8attn", 8, 8, 128, 8192, "cold")]  # the 8/8 twin of GQA cold, named alike
+    for t in range(1, n + 1):
+        cases += [Case("int8attn", 8, 8, 128, s, regime, threads=t)
+                  for s, regime in ((512, "hot"), (8192, "hot"), (8192, "cold"))]
+    baselines = ["numpy-fp32"] + (["torch-fp32", "torch-bf16", "torch-fp16"]
+                                  if _bench.torch_available() else [])
+    for impl in baselines:
+        cases += [Case(impl, 8, 8, 128, s, "hot") for s in SEED]
+        cases += [Case(impl, 8, 8, 128, 8192, "cold"), Case(impl, 32, 8, 128, 8192, "hot")]
+    return list(dict.fromkeys(cases))     # drop repeats, keep order
+
+
+def quick_cases():
+    cases = [Case("int8attn", 8, 8, 128, s, "hot") for s in SEED]
+    cases += [Case("int8attn", 8, 8, 128, 8192, "cold"), Case("int8attn", 32, 8, 128, 8192, "hot"),
+              Case("int8attn", 8, 8, 128, 8192, "hot", threads=1),
+              Case("numpy-fp32", 8, 8, 128, 2048, "hot")]
+    if _bench.torch_available():
+        cases += [Case("torch-fp32", 8, 8, 128, 8192, "cold")]
+    return cases
+
+
+def find(results, **want):
+    for r in results:
+        c = r["case"]
+        if all(c.get(k) == v for k, v in want.items()):
+            return r
+    return None
+
+
+def print_table(results):
+    print(f"{'case':<58} {'median ms':>10} {'min ms':>8} {'GB/s':>7} {'probe':>7} {'frac':>5} {'err':>8}")
+    for r in results:
+        t = r["time"]
+        probe = f"{r['probe_gbps']:7.1f}" if "probe_gbps" in r else " " * 7
+        frac = f"{r['fraction_of_probe']:5.2f}" if "fraction_of_probe" in r else " " * 5
+        err = f"{r['error_vs_reference']:8.1e}" if "error_vs_reference" in r else " " * 8
+        print(f"{r['name']:<58} {t['median'] * 1e3:10.3f} {t['min'] * 1e3:8.3f} {r['gbps']:7.1f} "
+              f"{probe} {frac} {err}")
+
+
+def print_targets(results):
+    """The issue's targets, each from this run's medians."""
+    lines = []
+
+    def frac(tokens, regime, h=8):
+        r = find(results, impl="int8attn", h=h, tokens=tokens, regime=regime, q_bits=16, tier="",
+                 threads=0)
+        return r and r["fraction_of_probe"]
+
+    for s in (8192, 32768):
+        f = frac(s, "cold")
+        if f is not None:
+            lines.append((f"cold {s}: fraction of probe >= 0.85", f, f >= 0.85))
+    for s in (2048, 8192):
+        f = frac(s, "hot")
+        if f is not None:
+            lines.append((f"hot {s}: fraction of probe >= 0.60", f, f >= 0.60))
+    f = frac(512, "hot")
+    if f is not None:
+        lines.append(("hot 512: within 2x of the bandwidth bound (fraction >= 0.50)", f, f >= 0.5))
+    ours = find(results, impl="int8attn", h=8, tokens=8192, regime="cold", q_bits=16, tier="", threads=0)
+    torch32 = find(results, impl="torch-fp32", h=8, tokens=8192, regime="cold")
+    if ours and torch32:
+        x = torch32["time"]["median"] / ours["time"]["median"]
+        lines.append(("cold 8192: >= 4x faster than torch SDPA fp32", x, x >= 4))
+    for regime in ("hot", "cold"):
+        g = find(results, impl="int8attn", h=32, tokens=8192, regime=regime, threads=0)
+        b = find(results, impl="int8attn", h=8, tokens=8192, regime=regime, q_bits=16, tier="", threads=0)
+        if g and b:
+            x = g["time"]["median"] / b["time"]["median"]
+            lines.append((f"{regime} 8192: GQA 32/8 within 1.3x of 8/8", x, x <= 1.3))
+    if lines:
+        print("\ntargets (medians of this run):")
+        for text, value, ok in lines:
+            print(f"  {'met ' if ok else 'MISS'}  {text}: {value:.2f}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a subset that runs in about a minute")
+    ap.add_argument("--out", help="report path (default benchmarks/results/<time>.json)")
+    ap.add_argument("--budget", type=float, help="seconds of timing per case")
+    args = ap.parse_args(argv)
+    cases = quick_cases() if args.quick else full_cases()
+    budget = args.budget or (0.2 if args.quick else 0.6)
+    results = _bench.run_cases(cases, budget)
+    rep = _bench.report(results, {"quick": args.quick, "budget_s": budget})
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                   rep["created"].replace(":", "") + ".json")
+    _bench.write_json(rep, out)
+    m = rep["machine"]
+    print(f"int8attn {rep['versions']['int8attn']} commit {rep['commit']}; {m['cpu']} "
+          f"({m['affinity_cpus']} CPUs); tier {rep['tier']}; threads {rep['threads']}")
+    print_table(results)
+    print_targets(results)
+    print(f"\nreport: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,328 @@
+"""Benchmark machinery shared by ``python -m int8attn bench`` and ``benchmarks/run.py``.
+
+Every timed figure is the time of one decode call from Python (call overhead included), taken
+many times; a case reports min / median / max. Beside each int8attn case the same run measures
+the physical limit: a streaming read of exactly the bytes the decode reads (K and V codes and
+scales of every kv head and token), with the same caches, regime and thread count.
+
+Regimes: ``hot`` decodes one cache again and again (it stays in the caches of the CPU as far as it
+fits); ``cold`` decodes a round robin of caches whose total is at least four times the last-level
+cache, like the layers of a model, so every decode streams from memory.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from . import Int8KVCache, __version__, get_num_threads, isa, set_num_threads, supported_isas
+from . import _cache
+from .reference import attention
+
+IMPLS = ("int8attn", "numpy-fp32", "torch-fp32", "torch-bf16", "torch-fp16")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    impl: str               # one of IMPLS
+    h: int                  # query heads
+    hkv: int                # kv heads
+    d: int                  # head dim
+    tokens: int             # context length
+    regime: str = "hot"     # "hot" or "cold"
+    q_bits: int = 16        # int8attn only
+    tier: str = ""          # int8attn only; "" = the default tier
+    threads: int = 0        # 0 = the default thread count
+
+    @property
+    def name(self):
+        """Stable id of the case: what the regression gate matches reports by."""
+        parts = [self.impl, f"h{self.h}", f"kv{self.hkv}", f"d{self.d}", f"s{self.tokens}",
+                 self.regime]
+        if self.impl == "int8attn":
+            parts += [f"q{self.q_bits}", self.tier or "default"]
+        parts.append(f"t{self.threads}" if self.threads else "tdefault")
+        return "/".join(parts)
+
+
+def int8_bytes(hkv, tokens, d):
+    """Bytes a decode reads: K and V codes plus their float32 scales, every kv head and token."""
+    return 2 * hkv * tokens * (d + 4)
+
+
+def llc_bytes():
+    """Size of the last-level cache (Linux sysfs), 32 MiB when it cannot be read."""
+    best = 0
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in os.listdir(base):
+            with open(os.path.join(base, entry, "size")) as f:
+                text = f.read().strip()
+            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
+            best = max(best, int(text.rstrip("KMG")) * mult)
+    except (OSError, ValueError):
+        pass
+    return best or 32 << 20
+
+
+def cold_copies(nbytes):
+    """How many separate caches make a working set of at least four last-level caches."""
+    return max(2, math.ceil(4 * llc_bytes() / nbytes))
+
+
+def _timed(fn, copies, min_reps, budget):
+    """Time fn(i) over the copies round robin: at least min_reps calls, about `budget` seconds."""
+    for i in range(min(copies, 3) if copies > 1 else 3):
+        fn(i % copies)
+    times = []
+    start = time.perf_counter()
+    i = 0
+    while len(times) < min_reps or (time.perf_counter() - start < budget and len(times) < 100000):
+        t0 = time.perf_counter()
+        fn(i % copies)
+        times.append(time.perf_counter() - t0)
+        i += 1
+    return times
+
+
+def _stats(times):
+    t = np.asarray(times)
+    return {"min": float(t.min()), "median": float(np.median(t)), "max": float(t.max()), "n": len(t)}
+
+
+def _data(case, rng):
+    k = rng.standard_normal((case.tokens, case.hkv, case.d), dtype=np.float32)
+    v = rng.standard_normal((case.tokens, case.hkv, case.d), dtype=np.float32)
+    q = rng.standard_normal((case.h, case.d), dtype=np.float32)
+    return k, v, q
+
+
+class _Threads:
+    """Set int8attn's thread count for a case, restore it after."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __enter__(self):
+        self.before = get_num_threads()
+        if self.n:
+            set_num_threads(self.n)
+        return get_num_threads()
+
+    def __exit__(self, *exc):
+        set_num_threads(self.before)
+
+
+class _Tier:
+    def __init__(self, name):
+        self.name = name
+
+    def __enter__(self):
+        self.before = isa()
+        if self.name:
+            _cache._set_isa(self.name)
+        return isa()
+
+    def __exit__(self, *exc):
+        _cache._set_isa(self.before)
+
+
+def run_int8attn(case, budget, rng):
+    k, v, q = _data(case, rng)
+    nbytes = int8_bytes(case.hkv, case.tokens, case.d)
+    copies = cold_copies(nbytes) if case.regime == "cold" else 1
+    caches = []
+    for _ in range(copies):
+        c = Int8KVCache(case.hkv, case.tokens, case.d)
+        c.append(k, v)
+        caches.append(c)
+    out = np.empty((case.h, case.d), np.float32)
+    with _Tier(case.tier) as tier, _Threads(case.threads) as max_threads:
+        used = caches[0]._decode_threads(case.h)
+        got = caches[0].decode(q, q_bits=case.q_bits)
+        decode = _timed(lambda i: caches[i].decode(q, q_bits=case.q_bits, out=out), copies, 20, budget)
+        probe = _timed(lambda i: caches[i]._stream_read(used), copies, 20, budget / 2)
+    ref = attention(q, *caches[0].dequantize())
+    err = float(np.max(np.max(np.abs(got - ref), axis=1) / np.max(np.abs(ref), axis=1)))
+    dec, prb = _stats(decode), _stats(probe)
+    return {
+        "tier": tier, "threads": used, "max_threads": max_threads, "copies": copies,
+        "bytes": nbytes, "time": dec, "probe_time": prb,
+        "gbps": nbytes / dec["median"] / 1e9, "probe_gbps": nbytes / prb["median"] / 1e9,
+        "fraction_of_probe": prb["median"] / dec["median"], "error_vs_reference": err,
+    }
+
+
+def run_numpy(case, budget, rng):
+    """fp32 attention in numpy (its BLAS) over a float32 copy of the dequantized cache."""
+    k, v, q = _data(case, rng)
+    c = Int8KVCache(case.hkv, case.tokens, case.d)
+    c.append(k, v)
+    kd, vd = c.dequantize()
+    kd = np.ascontiguousarray(kd.transpose(1, 0, 2))          # [Hkv, S, D]
+    vd = np.ascontiguousarray(vd.transpose(1, 0, 2))
+    nbytes = 2 * kd.nbytes
+    copies = cold_copies(nbytes) if case.regime == "cold" else 1
+    sets = [(kd, vd)] + [(kd.copy(), vd.copy()) for _ in range(copies - 1)]
+    qg = q.reshape(case.hkv, case.h // case.hkv, case.d)
+    scale = np.float32(1 / math.sqrt(case.d))
+
+    def step(i):
+        kk, vv = sets[i]
+        logits = np.matmul(qg, kk.transpose(0, 2, 1)) * scale
+        logits -= logits.max(axis=-1, keepdims=True)
+        p = np.exp(logits)
+        p /= p.sum(axis=-1, keepdims=True)
+        return np.matmul(p, vv)
+
+    times = _timed(step, copies, 10, budget)
+    dec = _stats(times)
+    return {"copies": copies, "bytes": nbytes, "time": dec, "gbps": nbytes / dec["median"] / 1e9}
+
+
+def torch_available():
+    try:
+        import torch  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def run_torch(case, budget, rng):
+    """torch SDPA over a float cache ([1, Hkv, S, D]) in the impl's dtype, GQA by enable_gqa."""
+    import torch
+    import torch.nn.functional as F
+
+    dtype = {"torch-fp32": torch.float32, "torch-bf16": torch.bfloat16,
+             "torch-fp16": torch.float16}[case.impl]
+    k, v, q = _data(case, rng)
+    kt = torch.from_numpy(np.ascontiguousarray(k.transpose(1, 0, 2)))[None].to(dtype)
+    vt = torch.from_numpy(np.ascontiguousarray(v.transpose(1, 0, 2)))[None].to(dtype)
+    qt = torch.from_numpy(q)[None, :, None, :].to(dtype)
+    nbytes = 2 * kt.numel() * kt.element_size()
+    copies = cold_copies(nbytes) if case.regime == "cold" else 1
+    sets = [(kt, vt)] + [(kt.clone(), vt.clone()) for _ in range(copies - 1)]
+    before = torch.get_num_threads()
+    torch.set_num_threads(case.threads or get_num_threads())
+    gqa = {"enable_gqa": True} if case.h != case.hkv else {}
+    try:
+        with torch.inference_mode():
+            times = _timed(lambda i: F.scaled_dot_product_attention(qt, *sets[i], **gqa),
+                           copies, 10, budget)
+    finally:
+        torch.set_num_threads(before)
+    dec = _stats(times)
+    return {"copies": copies, "bytes": nbytes, "time": dec, "gbps": nbytes / dec["median"] / 1e9,
+            "torch_version": torch.__version__}
+
+
+def run_case(case, budget=0.5, seed=0):
+    rng = np.random.default_rng(seed)
+    runner = {"int8attn": run_int8attn, "numpy-fp32": run_numpy}.get(case.impl, run_torch)
+    result = runner(case, budget, rng)
+    return {"name": case.name, "case": dataclasses.asdict(case), **result}
+
+
+def machine_info():
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "Model")):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = os.cpu_count()
+    return {"machine": platform.machine(), "system": platform.system(), "cpu": model,
+            "cpus": os.cpu_count(), "affinity_cpus": affinity, "llc_bytes": llc_bytes(),
+            "node": platform.node()}
+
+
+def versions():
+    out = {"python": platform.python_version(), "numpy": np.__version__, "int8attn": __version__}
+    try:
+        import torch
+        out["torch"] = torch.__version__
+    except ImportError:
+        pass
+    return out
+
+
+def git_commit(path=None):
+    try:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                           cwd=path or os.getcwd(), timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, cwd=path or os.getcwd(), timeout=10)
+        if r.returncode == 0:
+            return r.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return None
+
+
+def report(cases_results, settings):
+    return {
+        "schema": 1,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine_info(),
+        "versions": versions(),
+        "commit": git_commit(),
+        "tier": isa(),
+        "supported_tiers": list(supported_isas()),
+        "threads": get_num_threads(),
+        "settings": settings,
+        "cases": cases_results,
+    }
+
+
+class Progress:
+    """One status line on stderr, rewritten in place when stderr is a terminal."""
+
+    def __init__(self, total, stream=sys.stderr):
+        self.total, self.done, self.stream = total, 0, stream
+        self.tty = stream.isatty()
+        self.start = time.perf_counter()
+
+    def step(self, label):
+        self.done += 1
+        elapsed = time.perf_counter() - self.start
+        line = f"[{self.done}/{self.total}] {elapsed:5.1f}s {label}"
+        if self.tty:
+            self.stream.write("\r\033[K" + line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self):
+        if self.tty:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def run_cases(cases, budget, seed=0, progress=True):
+    bar = Progress(len(cases)) if progress else None
+    results = []
+    for case in cases:
+        if bar:
+            bar.step(case.name)
+        results.append(run_case(case, budget, seed))
+    if bar:
+        bar.close()
+    return results
+
+
+def write_json(obj, path):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)

@@ -1,0 +1,381 @@
+/* The avx512_vnni tier: AVX-512 F/BW/VL + VNNI (Ice Lake, Sapphire Rapids, Zen 4 and later).
+ * Same operations as scalar.h in the same order, sixteen lanes at a time.
+ *
+ * VNNI's vpdpbusd multiplies unsigned by signed bytes. The K codes are made unsigned by an
+ * offset, k + 128 (a xor with 0x80), so each dot comes out as q.k + 128 * sum(q); the second
+ * term is a constant of each query plane, subtracted once per row. The biased sum stays exact:
+ * |q.(k + 128)| <= 127 * 255 * 1024 < 2^25.
+ *
+ * Compiled at the baseline: the ISA is switched on for this header's functions only.
+ */
+#ifndef I8A_AVX512_VNNI_H
+#define I8A_AVX512_VNNI_H
+
+#include <immintrin.h>
+
+#include "common.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni"))), apply_to = function)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")
+#endif
+
+static int i8a_quantize_row_avx512_vnni(const float *x, size_t d, int8_t *codes, float *scale)
+{
+    const __m512 big = _mm512_set1_ps(FLT_MAX);
+    __m512 vmax = _mm512_setzero_ps();
+    __mmask16 ok = 0xffff;
+    size_t i = 0;
+    for (; i + 16 <= d; i += 16) {
+        __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
+        ok &= _mm512_cmp_ps_mask(a, big, _CMP_LE_OQ);
+        vmax = _mm512_max_ps(vmax, a);
+    }
+    float absmax = _mm512_reduce_max_ps(vmax);
+    int finite = ok == 0xffff;
+    for (; i < d; i++) {
+        float a = fabsf(x[i]);
+        finite &= a <= FLT_MAX;
+        absmax = a > absmax ? a : absmax;
+    }
+    if (!finite)
+        return -1;
+    float inv;
+    if (!i8a_row_scales(absmax, scale, &inv)) {
+        memset(codes, 0, d);
+        return 0;
+    }
+    const __m512 vinv = _mm512_set1_ps(inv);
+    const __m128i lo = _mm_set1_epi8(-127);
+    for (i = 0; i + 16 <= d; i += 16) {
+        /* cvtps rounds half to even under the default MXCSR; the narrowing saturates */
+        __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), vinv));
+        _mm_storeu_si128((__m128i *)(codes + i), _mm_max_epi8(_mm512_cvtsepi32_epi8(r), lo));
+    }
+    for (; i < d; i++)
+        codes[i] = i8a_quantize_one(x[i], inv);
+    return 0;
+}
+
+/* Bytes [i, i + 64) of a row of d bytes, zeros past d (d a multiple of 16). */
+static inline __m512i i8a_load64_avx512_vnni(const int8_t *p, size_t i, size_t d)
+{
+    if (i + 64 <= d)
+        return _mm512_loadu_si512((const void *)(p + i));
+    return _mm512_maskz_loadu_epi8(~0ull >> (64 - (d - i)), p + i);
+}
+
+/* sum(q) of one plane: the offset's correction is 128 times it. */
+static inline int32_t i8a_qsum_avx512_vnni(const int8_t *q, size_t d)
+{
+    __m512i acc = _mm512_setzero_si512();
+    for (size_t i = 0; i < d; i += 64)
+        acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi8(1), i8a_load64_avx512_vnni(q, i, d));
+    return _mm512_reduce_add_epi32(acc);
+}
+
+static inline int32_t i8a_dot_avx512_vnni(const int8_t *q, const int8_t *k, size_t d, int32_t corr)
+{
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    __m512i acc = _mm512_setzero_si512();
+    for (size_t i = 0; i < d; i += 64) {
+        __m512i ku = _mm512_xor_si512(i8a_load64_avx512_vnni(k, i, d), bias);
+        acc = _mm512_dpbusd_epi32(acc, ku, i8a_load64_avx512_vnni(q, i, d));
+    }
+    return _mm512_reduce_add_epi32(acc) - corr;
+}
+
+static void i8a_dots_avx512_vnni(const int8_t *q, const int8_t *k, size_t n, size_t d, int32_t *out)
+{
+    const int32_t corr = 128 * i8a_qsum_avx512_vnni(q, d);
+    for (size_t s = 0; s < n; s++)
+        out[s] = i8a_dot_avx512_vnni(q, k + s * d, d, corr);
+}
+
+/* The four row sums of four accumulators, minus the offset's correction: pairs interleaved
+ * by 32-bit unpacks, then by 64-bit unpacks, leave [a0 a1 a2 a3] partials in each 128-bit
+ * block; folding the four blocks finishes the sums (integers: the order is free). */
+static inline __m128i i8a_reduce4_avx512_vnni(__m512i a0, __m512i a1, __m512i a2, __m512i a3,
+                                              __m128i corr)
+{
+    __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a0, a1), _mm512_unpackhi_epi32(a0, a1));
+    __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(a2, a3), _mm512_unpackhi_epi32(a2, a3));
+    __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+    __m256i y = _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+    return _mm_sub_epi32(x, corr);
+}
+
+/* Exact dots of every query head's planes with rows [0, n), four rows at a time (see
+ * i8a_kdots_avx2): dh[j * I8A_CHUNK + s], dl[...]. */
+static inline void i8a_kdots_avx512_vnni(const i8a_query *q, const i8a_span *kv, int32_t *dh,
+                                         int32_t *dl)
+{
+    const size_t d = q->d, n = kv->n;
+    const int two = q->two_planes;
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    for (size_t j = 0; j < q->nq; j++) {
+        const int8_t *qh = q->q_hi + j * d, *ql = q->q_lo + j * d;
+        const int32_t ch = 128 * i8a_qsum_avx512_vnni(qh, d);
+        const int32_t cl = two ? 128 * i8a_qsum_avx512_vnni(ql, d) : 0;
+        /* rows past n of the last group of four are never stored: computed on row n - 1 */
+        for (size_t s = 0; s < n; s += 4) {
+            if (j == 0 && s < kv->next_n) /* the next chunk's K, one group of rows per group */
+                i8a_prefetch_rows(kv->next_k + s * d, (kv->next_n - s < 4 ? kv->next_n - s : 4) * d);
+            const int8_t *k0 = kv->k + s * d;
+            const int8_t *k1 = kv->k + (s + 1 < n ? s + 1 : n - 1) * d;
+            const int8_t *k2 = kv->k + (s + 2 < n ? s + 2 : n - 1) * d;
+            const int8_t *k3 = kv->k + (s + 3 < n ? s + 3 : n - 1) * d;
+            __m512i h0 = _mm512_setzero_si512(), h1 = h0, h2 = h0, h3 = h0;
+            __m512i l0 = h0, l1 = h0, l2 = h0, l3 = h0;
+            for (size_t i = 0; i < d; i += 64) {
+                __m512i u0 = _mm512_xor_si512(i8a_load64_avx512_vnni(k0, i, d), bias);
+                __m512i u1 = _mm512_xor_si512(i8a_load64_avx512_vnni(k1, i, d), bias);
+                __m512i u2 = _mm512_xor_si512(i8a_load64_avx512_vnni(k2, i, d), bias);
+                __m512i u3 = _mm512_xor_si512(i8a_load64_avx512_vnni(k3, i, d), bias);
+                __m512i a = i8a_load64_avx512_vnni(qh, i, d);
+                h0 = _mm512_dpbusd_epi32(h0, u0, a);
+                h1 = _mm512_dpbusd_epi32(h1, u1, a);
+                h2 = _mm512_dpbusd_epi32(h2, u2, a);
+                h3 = _mm512_dpbusd_epi32(h3, u3, a);
+                if (two) {
+                    __m512i b = i8a_load64_avx512_vnni(ql, i, d);
+                    l0 = _mm512_dpbusd_epi32(l0, u0, b);
+                    l1 = _mm512_dpbusd_epi32(l1, u1, b);
+                    l2 = _mm512_dpbusd_epi32(l2, u2, b);
+                    l3 = _mm512_dpbusd_epi32(l3, u3, b);
+                }
+            }
+            _mm_store_si128((__m128i *)(dh + j * I8A_CHUNK + s),
+                            i8a_reduce4_avx512_vnni(h0, h1, h2, h3, _mm_set1_epi32(ch)));
+            if (two)
+                _mm_store_si128((__m128i *)(dl + j * I8A_CHUNK + s),
+                                i8a_reduce4_avx512_vnni(l0, l1, l2, l3, _mm_set1_epi32(cl)));
+        }
+    }
+}
+
+/* p[s] = i8a_logit(dh[s], dl[s], ...) for s < n, sixteen at a time; returns max_s p[s]. */
+static inline float i8a_logits_avx512_vnni(const int32_t *dh, const int32_t *dl, float c_hi,
+                                           float c_lo, int two, const float *ks, size_t n, float *p)
+{
+    const __m512 ch = _mm512_set1_ps(c_hi), cl = _mm512_set1_ps(c_lo);
+    __m512 vmax = _mm512_set1_ps(-FLT_MAX);
+    for (size_t s = 0; s < n; s += 16) {
+        const __mmask16 live = n - s >= 16 ? 0xffff : (__mmask16)((1u << (n - s)) - 1);
+        __m512 lg = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)(dh + s))), ch);
+        if (two)
+            lg = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)(dl + s))), cl, lg);
+        lg = _mm512_mul_ps(lg, _mm512_maskz_loadu_ps(live, ks + s));
+        _mm512_store_ps(p + s, lg);
+        vmax = _mm512_mask_max_ps(vmax, live, vmax, lg);
+    }
+    return _mm512_reduce_max_ps(vmax);
+}
+
+/* exp of 16 lanes, the operations of i8a_exp_scalar. */
+static inline __m512 i8a_exp16_avx512_vnni(__m512 x)
+{
+    const __m512 magic = _mm512_set1_ps(I8A_EXP_MAGIC);
+    x = _mm512_max_ps(x, _mm512_set1_ps(I8A_EXP_LO));
+    __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(I8A_LOG2E), magic), magic);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-I8A_LN2_HI), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-I8A_LN2_LO), r);
+    __m512 z = _mm512_mul_ps(r, r);
+    __m512 y = _mm512_set1_ps(I8A_EXP_P0);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(I8A_EXP_P1));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(I8A_EXP_P2));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(I8A_EXP_P3));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(I8A_EXP_P4));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(I8A_EXP_P5));
+    y = _mm512_fmadd_ps(y, z, r);
+    y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
+    __m512i e = _mm512_slli_epi32(_mm512_cvttps_epi32(n), 23);
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(y), e));
+}
+
+/* p[s] = exp(p[s] - m) * vs[s] for s < n (zeros up to a multiple of 16); returns the 16-lane
+ * sum of the exps (common.h): one accumulator is exactly the sixteen lanes. */
+static inline float i8a_softmax_avx512_vnni(float *p, const float *vs, size_t n, float m)
+{
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 acc = _mm512_setzero_ps();
+    for (size_t s = 0; s < n; s += 16) {
+        const __mmask16 live = n - s >= 16 ? 0xffff : (__mmask16)((1u << (n - s)) - 1);
+        __m512 e = _mm512_maskz_mov_ps(live, i8a_exp16_avx512_vnni(_mm512_sub_ps(_mm512_load_ps(p + s), vm)));
+        acc = _mm512_add_ps(acc, e);
+        _mm512_store_ps(p + s, _mm512_mul_ps(e, _mm512_maskz_loadu_ps(live, vs + s)));
+    }
+    /* lanes i + 8, then i + 4, i + 2, i + 1: the halving order of i8a_reduce_lanes */
+    __m256 t = _mm256_add_ps(_mm512_castps512_ps256(acc),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
+    return _mm_cvtss_f32(x);
+}
+
+/* V codes to floats without the shuffle unit (vpmovsxbd is the bottleneck of the V pass on
+ * cores that split 512-bit shuffles): bias a 64-byte load to unsigned, then for byte k of each
+ * 32-bit lane build the float 2^23 + u and subtract 2^23 + 128, which is exact. Vector k holds
+ * the elements 4i + k of the 64: the V block keeps that order and restores it when storing. */
+static inline void i8a_v64_avx512_vnni(const int8_t *p, __m512 x[4])
+{
+    const __m512i mask = _mm512_set1_epi32(0xff), magic = _mm512_set1_epi32(0x4b000000);
+    const __m512 off = _mm512_set1_ps(8388608.0f + 128.0f);
+    const __m512i u = _mm512_xor_si512(_mm512_loadu_si512((const void *)p), _mm512_set1_epi8((char)0x80));
+    /* 0xea: (a & b) | c */
+    x[0] = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(u, mask, magic, 0xea)), off);
+    x[1] = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_srli_epi32(u, 8), mask, magic, 0xea)), off);
+    x[2] = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_srli_epi32(u, 16), mask, magic, 0xea)), off);
+    x[3] = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_srli_epi32(u, 24), magic)), off);
+}
+
+/* Store four vectors in the order of i8a_v64_avx512_vnni as 64 consecutive floats: a 4 x 4
+ * transpose of floats inside each 128-bit block, then of the 128-bit blocks. */
+static inline void i8a_store64_avx512_vnni(float *o, const __m512 a[4])
+{
+    __m512 t0 = _mm512_unpacklo_ps(a[0], a[1]), t1 = _mm512_unpackhi_ps(a[0], a[1]);
+    __m512 t2 = _mm512_unpacklo_ps(a[2], a[3]), t3 = _mm512_unpackhi_ps(a[2], a[3]);
+    __m512 r0 = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
+    __m512 r1 = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
+    __m512 r2 = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
+    __m512 r3 = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
+    __m512 u0 = _mm512_shuffle_f32x4(r0, r1, 0x44), u1 = _mm512_shuffle_f32x4(r0, r1, 0xee);
+    __m512 u2 = _mm512_shuffle_f32x4(r2, r3, 0x44), u3 = _mm512_shuffle_f32x4(r2, r3, 0xee);
+    _mm512_storeu_ps(o, _mm512_shuffle_f32x4(u0, u2, 0x88));
+    _mm512_storeu_ps(o + 16, _mm512_shuffle_f32x4(u0, u2, 0xdd));
+    _mm512_storeu_ps(o + 32, _mm512_shuffle_f32x4(u1, u3, 0x88));
+    _mm512_storeu_ps(o + 48, _mm512_shuffle_f32x4(u1, u3, 0xdd));
+}
+
+/* o[h][i0 .. i0 + 64 nb) = sum_s w[h][s] * v[s][.] in token order (fused), NH heads sharing each
+ * converted V row, NB groups of 64 floats. NH and NB are constants at every call. */
+static inline __attribute__((always_inline)) void
+i8a_v_block_avx512_vnni(const float *w, int nh, int nb, const int8_t *v, size_t n, size_t d,
+                        size_t i0, float *o, const int8_t *pf, size_t pf_n)
+{
+    __m512 acc[4][2][4];
+    for (int h = 0; h < nh; h++)
+        for (int b = 0; b < nb; b++)
+            for (int k = 0; k < 4; k++)
+                acc[h][b][k] = _mm512_setzero_ps();
+    for (size_t s = 0; s < n; s++) {
+        if (s < pf_n)
+            i8a_prefetch_rows(pf + s * d, d);
+        for (int b = 0; b < nb; b++) {
+            __m512 x[4];
+            i8a_v64_avx512_vnni(v + s * d + i0 + 64 * b, x);
+            for (int h = 0; h < nh; h++) {
+                const __m512 ws = _mm512_set1_ps(w[h * I8A_CHUNK + s]);
+                for (int k = 0; k < 4; k++)
+                    acc[h][b][k] = _mm512_fmadd_ps(ws, x[k], acc[h][b][k]);
+            }
+        }
+    }
+    for (int h = 0; h < nh; h++)
+        for (int b = 0; b < nb; b++)
+            i8a_store64_avx512_vnni(o + h * d + i0 + 64 * b, acc[h][b]);
+}
+
+/* The same for 16 floats at i0, converting with vpmovsxbd: the tail when d % 64 != 0. */
+static inline __attribute__((always_inline)) void
+i8a_v_tail_avx512_vnni(const float *w, int nh, const int8_t *v, size_t n, size_t d, size_t i0,
+                       float *o)
+{
+    __m512 acc[4];
+    for (int h = 0; h < nh; h++)
+        acc[h] = _mm512_setzero_ps();
+    for (size_t s = 0; s < n; s++) {
+        __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(v + s * d + i0))));
+        for (int h = 0; h < nh; h++)
+            acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(w[h * I8A_CHUNK + s]), x, acc[h]);
+    }
+    for (int h = 0; h < nh; h++)
+        _mm512_storeu_ps(o + h * d + i0, acc[h]);
+}
+
+/* pf, pf_n: rows to prefetch (the next chunk's V) while the first block runs. */
+static inline __attribute__((always_inline)) void
+i8a_v_group_avx512_vnni(const float *w, int nh, const int8_t *v, size_t n, size_t d, float *o,
+                        const int8_t *pf, size_t pf_n)
+{
+    const int nb = nh <= 2 ? 2 : 1;
+    size_t i = 0;
+    for (; i + 64 * (size_t)nb <= d; i += 64 * (size_t)nb, pf_n = 0)
+        i8a_v_block_avx512_vnni(w, nh, nb, v, n, d, i, o, pf, pf_n);
+    for (; i + 64 <= d; i += 64, pf_n = 0)
+        i8a_v_block_avx512_vnni(w, nh, 1, v, n, d, i, o, pf, pf_n);
+    for (; i < d; i += 16)
+        i8a_v_tail_avx512_vnni(w, nh, v, n, d, i, o);
+}
+
+static void i8a_attend_avx512_vnni(const i8a_query *q, const i8a_span *kv, float *scratch,
+                                   const i8a_state *out)
+{
+    const size_t d = q->d, n = kv->n, nq = q->nq;
+    /* dh in the second half of the scratch, dl in the first: head j's logits overwrite its
+     * own dl element by element, each read before it is written */
+    int32_t *dh = (int32_t *)(scratch + nq * I8A_CHUNK), *dl = (int32_t *)scratch;
+    i8a_kdots_avx512_vnni(q, kv, dh, dl);
+    for (size_t j = 0; j < nq; j++) {
+        float *p = scratch + j * I8A_CHUNK;
+        const float m = i8a_logits_avx512_vnni(dh + j * I8A_CHUNK, dl + j * I8A_CHUNK, q->c_hi[j],
+                                               q->two_planes ? q->c_lo[j] : 0.0f, q->two_planes,
+                                               kv->ks, n, p);
+        out->m[j] = m;
+        out->l[j] = i8a_softmax_avx512_vnni(p, kv->vs, n, m);
+    }
+    size_t j = 0, pf_n = kv->next_n;   /* the first group prefetches the next chunk's V */
+    for (; j + 4 <= nq; j += 4, pf_n = 0)
+        i8a_v_group_avx512_vnni(scratch + j * I8A_CHUNK, 4, kv->v, n, d, out->o + j * d, kv->next_v, pf_n);
+    switch (nq - j) {
+    case 3: i8a_v_group_avx512_vnni(scratch + j * I8A_CHUNK, 3, kv->v, n, d, out->o + j * d, kv->next_v, pf_n); break;
+    case 2: i8a_v_group_avx512_vnni(scratch + j * I8A_CHUNK, 2, kv->v, n, d, out->o + j * d, kv->next_v, pf_n); break;
+    case 1: i8a_v_group_avx512_vnni(scratch + j * I8A_CHUNK, 1, kv->v, n, d, out->o + j * d, kv->next_v, pf_n); break;
+    default: break;
+    }
+}
+
+static void i8a_merge_avx512_vnni(const i8a_state *run, const i8a_state *chunk, size_t nq, size_t d)
+{
+    for (size_t j = 0; j < nq; j++) {
+        float a, b;
+        i8a_merge_head(run, chunk, j, &a, &b);
+        float *ro = run->o + j * d;
+        const float *co = chunk->o + j * d;
+        const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
+        for (size_t i = 0; i < d; i += 16) {
+            __m512 r = _mm512_mul_ps(_mm512_loadu_ps(ro + i), va);
+            _mm512_storeu_ps(ro + i, _mm512_fmadd_ps(_mm512_loadu_ps(co + i), vb, r));
+        }
+    }
+}
+
+static uint64_t i8a_stream_avx512_vnni(const void *p, size_t bytes)
+{
+    const unsigned char *b = (const unsigned char *)p;
+    __m512i x0 = _mm512_setzero_si512(), x1 = x0, x2 = x0, x3 = x0;
+    size_t i = 0;
+    for (; i + 256 <= bytes; i += 256) {
+        x0 = _mm512_xor_si512(x0, _mm512_loadu_si512((const void *)(b + i)));
+        x1 = _mm512_xor_si512(x1, _mm512_loadu_si512((const void *)(b + i + 64)));
+        x2 = _mm512_xor_si512(x2, _mm512_loadu_si512((const void *)(b + i + 128)));
+        x3 = _mm512_xor_si512(x3, _mm512_loadu_si512((const void *)(b + i + 192)));
+    }
+    __m512i x = _mm512_xor_si512(_mm512_xor_si512(x0, x1), _mm512_xor_si512(x2, x3));
+    __m256i y = _mm256_xor_si256(_mm512_castsi512_si256(x), _mm512_extracti64x4_epi64(x, 1));
+    __m128i h = _mm_xor_si128(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+    uint64_t r = (uint64_t)_mm_cvtsi128_si64(h) ^ (uint64_t)_mm_extract_epi64(h, 1);
+    return r ^ i8a_fold_tail(b + i, bytes - i);
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
+
+#endif
