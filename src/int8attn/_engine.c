@@ -34,14 +34,17 @@ static size_t n_chunks(const i8a_cache *c)
     return (c->len + I8A_CHUNK - 1) / I8A_CHUNK;
 }
 
-/* Token rows (K and V) per extra thread below which waking it costs more than it saves;
- * measured with the benchmark suite (benchmarks/README.md). GQA groups weigh more per row. */
-#define I8A_ROWS_PER_THREAD 1536
+/* Work per thread below which another thread costs more than it saves, in kv rows of 128
+ * dims times (1 + query heads per kv head) / 2 (each head of a GQA group adds a dot and an
+ * accumulation).
+ * Measured here (benchmarks/README.md): H = Hkv = 8, D = 128 gains from two threads at 256
+ * tokens and loses at 128. */
+#define I8A_ROWS_PER_THREAD 1024
 
 size_t i8a_decode_threads(const i8a_cache *c, size_t h, size_t max_threads)
 {
     const size_t nq = h / c->hkv;
-    const size_t work = c->hkv * c->len * (nq < 4 ? 1 + nq : 5) / 2;
+    const size_t work = c->hkv * c->len * (c->d / 16) * (1 + nq) / 16;
     size_t t = work / I8A_ROWS_PER_THREAD;
     t = t < 1 ? 1 : t;
     t = t < max_threads ? t : max_threads;
@@ -139,11 +142,10 @@ static void finish_head(const decode_job *job, size_t g)
     }
 }
 
-/* Chunk `item` of the job as a span (without the prefetch hint). */
-static i8a_span span_at(const decode_job *job, size_t item)
+/* Chunk `item` (kv head item / chunks, chunk item % chunks) as a span, without a prefetch hint. */
+static i8a_span span_at(const i8a_cache *c, size_t chunks, size_t item)
 {
-    const i8a_cache *c = job->c;
-    const size_t g = item / job->chunks, s0 = (item % job->chunks) * I8A_CHUNK;
+    const size_t g = item / chunks, s0 = (item % chunks) * I8A_CHUNK;
     const size_t row = g * c->cap + s0, d = c->d;
     i8a_span span = {c->k + row * d, c->v + row * d, c->ks + row, c->vs + row,
                      c->len - s0 < I8A_CHUNK ? c->len - s0 : I8A_CHUNK, NULL, NULL, 0};
@@ -164,9 +166,9 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t worker)
             (const float *)(job->base + job->L.c_hi) + r0,
             (const float *)(job->base + job->L.c_lo) + r0,
         };
-        i8a_span span = span_at(job, item);
+        i8a_span span = span_at(job->c, job->chunks, item);
         if (item + 1 < end) {
-            const i8a_span next = span_at(job, item + 1);
+            const i8a_span next = span_at(job->c, job->chunks, item + 1);
             span.next_k = next.k, span.next_v = next.v, span.next_n = next.n;
         }
         const i8a_state state = state_at(job, g, item % job->chunks);
@@ -212,14 +214,17 @@ static void stream_range(void *ctx, size_t begin, size_t end, size_t worker)
     (void)worker;
     stream_job *job = (stream_job *)ctx;
     const i8a_cache *c = job->c;
+    const i8a_stream_fn stream = job->kt->stream;
     uint64_t x = 0;
     for (size_t item = begin; item < end; item++) {
-        const size_t g = item / job->chunks, s0 = (item % job->chunks) * I8A_CHUNK;
-        const size_t n = c->len - s0 < I8A_CHUNK ? c->len - s0 : I8A_CHUNK, row = g * c->cap + s0;
-        x ^= job->kt->stream(c->k + row * c->d, n * c->d);
-        x ^= job->kt->stream(c->v + row * c->d, n * c->d);
-        x ^= job->kt->stream(c->ks + row, n * sizeof(float));
-        x ^= job->kt->stream(c->vs + row, n * sizeof(float));
+        /* the same items, ranges and prefetch of the next item as a decode */
+        const i8a_span s = span_at(job->c, job->chunks, item);
+        const i8a_span next = item + 1 < end ? span_at(job->c, job->chunks, item + 1) : s;
+        const int more = item + 1 < end;
+        x ^= stream(s.k, s.n * c->d, more ? next.k : NULL);
+        x ^= stream(s.v, s.n * c->d, more ? next.v : NULL);
+        x ^= stream(s.ks, s.n * sizeof(float), NULL);
+        x ^= stream(s.vs, s.n * sizeof(float), NULL);
     }
     atomic_fetch_xor_explicit(&job->sum, x, memory_order_relaxed);
 }

@@ -12,6 +12,8 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
 #include <unistd.h>
 
 /* No PAUSE on x86: under KVM a PAUSE loop trips pause-loop exiting and the hypervisor
@@ -22,9 +24,29 @@
 #define I8A_PAUSE() ((void)0)
 #endif
 
-/* Spin this many pause steps before sleeping: long enough to catch the next decode of a
- * token loop (tens of microseconds), short enough not to hold a core when idle. */
-#define I8A_SPIN 20000
+/* Spin this long before sleeping: long enough that a decode loop (one call per layer, with the
+ * model's other work between calls) finds its workers awake, since waking a sleeping thread
+ * costs tens of microseconds here; short enough not to hold a core when idle. */
+#define I8A_SPIN_NS 1000000
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* Spin-wait helper: returns 0 while the caller should keep spinning (call with *until = 0 first). */
+static int spin_expired(uint64_t *until, unsigned *count)
+{
+    I8A_PAUSE();
+    if ((++*count & 255) != 0)
+        return 0;
+    const uint64_t t = now_ns();
+    if (*until == 0)
+        *until = t + I8A_SPIN_NS;
+    return t >= *until;
+}
 
 static struct {
     pthread_mutex_t run;          /* one job at a time */
@@ -58,12 +80,11 @@ static void *worker_main(void *arg)
     unsigned long long seen = pool.job_before_start; /* set before pthread_create */
     for (;;) {
         unsigned long long job;
-        int spins = 0;
+        uint64_t until = 0;
+        unsigned count = 0;
         while ((job = atomic_load(&pool.job)) == seen) {
-            if (++spins < I8A_SPIN) {
-                I8A_PAUSE();
+            if (!spin_expired(&until, &count))
                 continue;
-            }
             pthread_mutex_lock(&pool.mu);
             atomic_fetch_add(&pool.sleepers, 1);
             while (atomic_load(&pool.job) == seen)
@@ -141,11 +162,11 @@ size_t i8a_pool_run(size_t n_items, size_t n_threads, i8a_task_fn fn, void *ctx)
         pthread_mutex_unlock(&pool.mu);
     }
     take_items(0, n);
-    for (int spins = 0; atomic_load_explicit(&pool.busy, memory_order_acquire) != 0;) {
-        if (++spins < I8A_SPIN) {
-            I8A_PAUSE();
+    uint64_t until = 0;
+    unsigned count = 0;
+    while (atomic_load_explicit(&pool.busy, memory_order_acquire) != 0) {
+        if (!spin_expired(&until, &count))
             continue;
-        }
         pthread_mutex_lock(&pool.mu);
         while (atomic_load(&pool.busy) != 0)
             pthread_cond_wait(&pool.done, &pool.mu);

@@ -350,12 +350,14 @@ static void i8a_merge_avx2(const i8a_state *run, const i8a_state *chunk, size_t 
     }
 }
 
-static uint64_t i8a_stream_avx2(const void *p, size_t bytes)
+static uint64_t i8a_stream_avx2(const void *p, size_t bytes, const void *next)
 {
     const unsigned char *b = (const unsigned char *)p;
     __m256i x0 = _mm256_setzero_si256(), x1 = x0, x2 = x0, x3 = x0;
     size_t i = 0;
     for (; i + 128 <= bytes; i += 128) {
+        if (next)
+            i8a_prefetch_rows((const char *)next + i, 128);
         x0 = _mm256_xor_si256(x0, _mm256_loadu_si256((const __m256i *)(b + i)));
         x1 = _mm256_xor_si256(x1, _mm256_loadu_si256((const __m256i *)(b + i + 32)));
         x2 = _mm256_xor_si256(x2, _mm256_loadu_si256((const __m256i *)(b + i + 64)));

@@ -354,12 +354,14 @@ static void i8a_merge_avx512_vnni(const i8a_state *run, const i8a_state *chunk, 
     }
 }
 
-static uint64_t i8a_stream_avx512_vnni(const void *p, size_t bytes)
+static uint64_t i8a_stream_avx512_vnni(const void *p, size_t bytes, const void *next)
 {
     const unsigned char *b = (const unsigned char *)p;
     __m512i x0 = _mm512_setzero_si512(), x1 = x0, x2 = x0, x3 = x0;
     size_t i = 0;
     for (; i + 256 <= bytes; i += 256) {
+        if (next)
+            i8a_prefetch_rows((const char *)next + i, 256);
         x0 = _mm512_xor_si512(x0, _mm512_loadu_si512((const void *)(b + i)));
         x1 = _mm512_xor_si512(x1, _mm512_loadu_si512((const void *)(b + i + 64)));
         x2 = _mm512_xor_si512(x2, _mm512_loadu_si512((const void *)(b + i + 128)));

@@ -62,8 +62,9 @@ typedef void (*i8a_attend_fn)(const i8a_query *q, const i8a_span *kv, float *scr
 typedef void (*i8a_merge_fn)(const i8a_state *run, const i8a_state *chunk, size_t nq, size_t d);
 
 /* XOR-fold of every byte of p[0 .. bytes): reads memory as fast as the tier can stream it (the
- * bandwidth probe of the benchmarks). Any alignment, any length. */
-typedef uint64_t (*i8a_stream_fn)(const void *p, size_t bytes);
+ * bandwidth probe of the benchmarks). Any alignment, any length. While reading it prefetches
+ * next[0 .. bytes) the way attend prefetches the next chunk (next may be NULL). */
+typedef uint64_t (*i8a_stream_fn)(const void *p, size_t bytes, const void *next);
 
 typedef struct {
     const char *name;

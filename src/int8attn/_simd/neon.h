@@ -18,12 +18,14 @@
 #define I8A_INLINE static inline __attribute__((always_inline))
 #else
 #define I8A_INLINE static inline
-static uint64_t i8a_stream_neon(const void *p, size_t bytes)
+static uint64_t i8a_stream_neon(const void *p, size_t bytes, const void *next)
 {
     const unsigned char *b = (const unsigned char *)p;
     uint64x2_t x0 = vdupq_n_u64(0), x1 = x0, x2 = x0, x3 = x0;
     size_t i = 0;
     for (; i + 64 <= bytes; i += 64) {
+        if (next)
+            i8a_prefetch_rows((const char *)next + i, 64);
         x0 = veorq_u64(x0, vreinterpretq_u64_u8(vld1q_u8(b + i)));
         x1 = veorq_u64(x1, vreinterpretq_u64_u8(vld1q_u8(b + i + 16)));
         x2 = veorq_u64(x2, vreinterpretq_u64_u8(vld1q_u8(b + i + 32)));
@@ -235,12 +237,14 @@ static void i8a_merge_neon(const i8a_state *run, const i8a_state *chunk, size_t 
     }
 }
 
-static uint64_t i8a_stream_neon(const void *p, size_t bytes)
+static uint64_t i8a_stream_neon(const void *p, size_t bytes, const void *next)
 {
     const unsigned char *b = (const unsigned char *)p;
     uint64x2_t x0 = vdupq_n_u64(0), x1 = x0, x2 = x0, x3 = x0;
     size_t i = 0;
     for (; i + 64 <= bytes; i += 64) {
+        if (next)
+            i8a_prefetch_rows((const char *)next + i, 64);
         x0 = veorq_u64(x0, vreinterpretq_u64_u8(vld1q_u8(b + i)));
         x1 = veorq_u64(x1, vreinterpretq_u64_u8(vld1q_u8(b + i + 16)));
         x2 = veorq_u64(x2, vreinterpretq_u64_u8(vld1q_u8(b + i + 32)));

@@ -95,8 +95,9 @@ static void i8a_merge_scalar(const i8a_state *run, const i8a_state *chunk, size_
     }
 }
 
-static uint64_t i8a_stream_scalar(const void *p, size_t bytes)
+static uint64_t i8a_stream_scalar(const void *p, size_t bytes, const void *next)
 {
+    (void)next;
     return i8a_fold_tail((const unsigned char *)p, bytes);
 }
 

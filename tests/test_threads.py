@@ -1,0 +1,104 @@
+"""Threads: the output is bit-identical for every thread count, the settings are validated, and
+the pool survives fork()."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import int8attn as ia
+from conftest import filled_cache
+from test_dispatch import run_python
+
+
+@pytest.fixture
+def threads():
+    before = ia.get_num_threads()
+    yield
+    ia.set_num_threads(before)
+
+
+@pytest.mark.parametrize("shape", [(8, 4, 128, 3000), (32, 8, 64, 1100), (6, 1, 1024, 2000),
+                                   (4, 2, 48, 8001)])
+@pytest.mark.parametrize("q_bits", [16, 8])
+def test_output_is_bit_identical_for_every_thread_count(tier, threads, shape, q_bits):
+    h, hkv, d, s = shape
+    rng = np.random.default_rng(s)
+    cache, _, _ = filled_cache(rng, hkv, d, s, "outlier")
+    q = rng.standard_normal((h, d)).astype(np.float32)
+    ia.set_num_threads(1)
+    assert cache._decode_threads(h) == 1
+    want = cache.decode(q, q_bits=q_bits)
+    items = hkv * -(-s // 256)                        # (kv head, 256-token chunk) pairs
+    for n in (2, 3, 4, 7):
+        ia.set_num_threads(n)
+        assert cache._decode_threads(h) == min(n, items)   # the work really is split
+        got = cache.decode(q, q_bits=q_bits)
+        np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32), err_msg=f"{n} threads")
+
+
+def test_short_contexts_use_fewer_threads(threads):
+    ia.set_num_threads(8)
+    cache, _, _ = filled_cache(np.random.default_rng(0), 8, 128, 64)
+    assert cache._decode_threads(8) == 1
+    big = ia.Int8KVCache(8, 4096, 128)
+    big.append(np.ones((4096, 8, 128), np.float32), np.ones((4096, 8, 128), np.float32))
+    assert big._decode_threads(8) == 8
+
+
+@pytest.mark.parametrize("bad, exc", [(0, ValueError), (257, ValueError), (-1, ValueError),
+                                      (2.0, TypeError), ("2", TypeError), (True, TypeError)])
+def test_set_num_threads_validates(threads, bad, exc):
+    before = ia.get_num_threads()
+    with pytest.raises(exc, match="n must be"):
+        ia.set_num_threads(bad)
+    assert ia.get_num_threads() == before
+
+
+def test_set_and_get(threads):
+    ia.set_num_threads(3)
+    assert ia.get_num_threads() == 3
+    ia.set_num_threads(np.int64(1))
+    assert ia.get_num_threads() == 1
+
+
+def test_environment_sets_the_default():
+    r = run_python("import int8attn as ia; print(ia.get_num_threads())", INT8ATTN_NUM_THREADS="3")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "3"
+    for bad in ("0", "x", "1000"):
+        r = run_python("import int8attn", INT8ATTN_NUM_THREADS=bad)
+        assert r.returncode == 1
+        assert "INT8ATTN_NUM_THREADS must be an integer from 1 to 256" in r.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs sched_setaffinity")
+def test_default_is_the_affinity_mask():
+    code = ("import os; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); "
+            "import int8attn as ia; print(ia.get_num_threads())")
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "1"
+    r = run_python("import os, int8attn as ia; print(ia.get_num_threads(), len(os.sched_getaffinity(0)))")
+    a, b = r.stdout.split()
+    assert a == b
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_pool_survives_fork(threads):
+    """After fork only the forking thread exists in the child: its pool starts afresh."""
+    rng = np.random.default_rng(1)
+    cache, _, _ = filled_cache(rng, 4, 64, 3000)
+    q = rng.standard_normal((8, 64)).astype(np.float32)
+    ia.set_num_threads(2)
+    want = cache.decode(q)                        # workers started in the parent
+    pid = os.fork()
+    if pid == 0:                                  # child: decode with threads again, report by exit code
+        try:
+            ok = np.array_equal(cache.decode(q), want) and cache._decode_threads(8) == 2
+            os._exit(0 if ok else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
