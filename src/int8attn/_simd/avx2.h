@@ -194,6 +194,8 @@ static inline void i8a_kdots_avx2(const i8a_query *q, const i8a_span *kv, int32_
     const int two = q->two_planes;
     size_t s = 0;
     for (; s + 4 <= n; s += 4) {
+        if (s < kv->next_n) /* the next chunk's K, one group of rows per group */
+            i8a_prefetch_rows(kv->next_k + s * d, (kv->next_n - s < 4 ? kv->next_n - s : 4) * d);
         const int8_t *k = kv->k + s * d;
         for (size_t j = 0; j < q->nq; j++) {
             const int8_t *qh = q->q_hi + j * d, *ql = q->q_lo + j * d;
@@ -264,13 +266,15 @@ static inline float i8a_logits_avx2(const int32_t *dh, const int32_t *dl, float 
  * each V row is converted once for the group. NH and NV are constants at every call. */
 static inline __attribute__((always_inline)) void
 i8a_v_block_avx2(const float *w, int nh, int nv, const int8_t *v, size_t n, size_t d, size_t i0,
-                 float *o)
+                 float *o, const int8_t *pf, size_t pf_n)
 {
     __m256 acc[4][8];
     for (int h = 0; h < nh; h++)
         for (int b = 0; b < nv; b++)
             acc[h][b] = _mm256_setzero_ps();
     for (size_t s = 0; s < n; s++) {
+        if (s < pf_n)
+            i8a_prefetch_rows(pf + s * d, d);
         const int8_t *vr = v + s * d + i0;
         for (int b = 0; b < nv; b++) {
             __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vr + 8 * b))));
@@ -283,28 +287,33 @@ i8a_v_block_avx2(const float *w, int nh, int nv, const int8_t *v, size_t n, size
             _mm256_storeu_ps(o + h * d + i0 + 8 * b, acc[h][b]);
 }
 
+/* pf, pf_n: rows to prefetch (the next chunk's V) while the first block runs. */
 static inline __attribute__((always_inline)) void
-i8a_v_group_avx2(const float *w, int nh, const int8_t *v, size_t n, size_t d, float *o)
+i8a_v_group_avx2(const float *w, int nh, const int8_t *v, size_t n, size_t d, float *o,
+                 const int8_t *pf, size_t pf_n)
 {
     const int nv = nh == 1 ? 8 : nh == 2 ? 4 : 2;
     size_t i = 0;
-    for (; i + 8 * (size_t)nv <= d; i += 8 * (size_t)nv)
-        i8a_v_block_avx2(w, nh, nv, v, n, d, i, o);
-    for (; i < d; i += 16)
-        i8a_v_block_avx2(w, nh, 2, v, n, d, i, o);
+    for (; i + 8 * (size_t)nv <= d; i += 8 * (size_t)nv, pf_n = 0)
+        i8a_v_block_avx2(w, nh, nv, v, n, d, i, o, pf, pf_n);
+    for (; i < d; i += 16, pf_n = 0)
+        i8a_v_block_avx2(w, nh, 2, v, n, d, i, o, pf, pf_n);
 }
 
-/* The V pass for all heads: w [nq][I8A_CHUNK], o [nq][d]; heads in groups of up to four. */
-static inline void i8a_accumulate_v_avx2(const float *w, size_t nq, const int8_t *v, size_t n,
-                                         size_t d, float *o)
+/* The V pass for all heads: w [nq][I8A_CHUNK], o [nq][d]; heads in groups of up to four, the
+ * first group prefetching the next chunk's V. */
+static inline void i8a_accumulate_v_avx2(const float *w, size_t nq, const i8a_span *kv, size_t d,
+                                         float *o)
 {
-    size_t j = 0;
-    for (; j + 4 <= nq; j += 4)
-        i8a_v_group_avx2(w + j * I8A_CHUNK, 4, v, n, d, o + j * d);
+    const int8_t *v = kv->v, *pf = kv->next_v;
+    const size_t n = kv->n;
+    size_t j = 0, pf_n = kv->next_n;
+    for (; j + 4 <= nq; j += 4, pf_n = 0)
+        i8a_v_group_avx2(w + j * I8A_CHUNK, 4, v, n, d, o + j * d, pf, pf_n);
     switch (nq - j) {
-    case 3: i8a_v_group_avx2(w + j * I8A_CHUNK, 3, v, n, d, o + j * d); break;
-    case 2: i8a_v_group_avx2(w + j * I8A_CHUNK, 2, v, n, d, o + j * d); break;
-    case 1: i8a_v_group_avx2(w + j * I8A_CHUNK, 1, v, n, d, o + j * d); break;
+    case 3: i8a_v_group_avx2(w + j * I8A_CHUNK, 3, v, n, d, o + j * d, pf, pf_n); break;
+    case 2: i8a_v_group_avx2(w + j * I8A_CHUNK, 2, v, n, d, o + j * d, pf, pf_n); break;
+    case 1: i8a_v_group_avx2(w + j * I8A_CHUNK, 1, v, n, d, o + j * d, pf, pf_n); break;
     default: break;
     }
 }
@@ -332,7 +341,7 @@ static void i8a_attend_avx2(const i8a_query *q, const i8a_span *kv, float *scrat
         for (; s < n; s++)
             p[s] = p[s] * kv->vs[s];
     }
-    i8a_accumulate_v_avx2(scratch, nq, kv->v, n, d, out->o);
+    i8a_accumulate_v_avx2(scratch, nq, kv, d, out->o);
 }
 
 static void i8a_merge_avx2(const i8a_state *run, const i8a_state *chunk, size_t nq, size_t d)

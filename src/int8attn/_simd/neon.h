@@ -18,23 +18,6 @@
 #define I8A_INLINE static inline __attribute__((always_inline))
 #else
 #define I8A_INLINE static inline
-static uint64_t i8a_stream_neon(const void *p, size_t bytes, const void *next)
-{
-    const unsigned char *b = (const unsigned char *)p;
-    uint64x2_t x0 = vdupq_n_u64(0), x1 = x0, x2 = x0, x3 = x0;
-    size_t i = 0;
-    for (; i + 64 <= bytes; i += 64) {
-        if (next)
-            i8a_prefetch_rows((const char *)next + i, 64);
-        x0 = veorq_u64(x0, vreinterpretq_u64_u8(vld1q_u8(b + i)));
-        x1 = veorq_u64(x1, vreinterpretq_u64_u8(vld1q_u8(b + i + 16)));
-        x2 = veorq_u64(x2, vreinterpretq_u64_u8(vld1q_u8(b + i + 32)));
-        x3 = veorq_u64(x3, vreinterpretq_u64_u8(vld1q_u8(b + i + 48)));
-    }
-    uint64x2_t x = veorq_u64(veorq_u64(x0, x1), veorq_u64(x2, x3));
-    return vgetq_lane_u64(x, 0) ^ vgetq_lane_u64(x, 1) ^ i8a_fold_tail(b + i, bytes - i);
-}
-
 #endif
 
 static int i8a_quantize_row_neon(const float *x, size_t d, int8_t *codes, float *scale)
@@ -154,68 +137,150 @@ I8A_INLINE float i8a_softmax_neon(float *p, size_t n, float m)
     return vget_lane_f32(t, 0) + vget_lane_f32(t, 1);
 }
 
-/* o[0..d) = sum_s w[s] * v[s][.] in token order (fused), d a multiple of 16. */
-I8A_INLINE void i8a_accumulate_v_neon(const float *w, const int8_t *v, size_t n, size_t d, float *o)
+/* Exact dots of every query head's planes with rows [0, n) of the chunk, four rows at a time
+ * (the rows of a group stay in L1 while each head passes over them), with the given 16-byte
+ * dot step; prefetches the next chunk's K one group of rows per group. */
+I8A_INLINE void i8a_kdots_neon_with(i8a_dot16_neon_fn dot16, const i8a_query *q,
+                                    const i8a_span *kv, int32_t *dh, int32_t *dl)
 {
-    size_t i = 0;
-    for (; i + 64 <= d; i += 64) {
-        float32x4_t a[16];
-        for (int b = 0; b < 16; b++)
-            a[b] = vdupq_n_f32(0.0f);
-        for (size_t s = 0; s < n; s++) {
-            const int8_t *vr = v + s * d + i;
-            for (int c = 0; c < 4; c++) {
-                int8x16_t x = vld1q_s8(vr + 16 * c);
-                int16x8_t x0 = vmovl_s8(vget_low_s8(x)), x1 = vmovl_s8(vget_high_s8(x));
-                a[4 * c + 0] = vfmaq_n_f32(a[4 * c + 0], vcvtq_f32_s32(vmovl_s16(vget_low_s16(x0))), w[s]);
-                a[4 * c + 1] = vfmaq_n_f32(a[4 * c + 1], vcvtq_f32_s32(vmovl_s16(vget_high_s16(x0))), w[s]);
-                a[4 * c + 2] = vfmaq_n_f32(a[4 * c + 2], vcvtq_f32_s32(vmovl_s16(vget_low_s16(x1))), w[s]);
-                a[4 * c + 3] = vfmaq_n_f32(a[4 * c + 3], vcvtq_f32_s32(vmovl_s16(vget_high_s16(x1))), w[s]);
+    const size_t d = q->d, n = kv->n;
+    const int two = q->two_planes;
+    size_t s = 0;
+    for (; s + 4 <= n; s += 4) {
+        if (s < kv->next_n)
+            i8a_prefetch_rows(kv->next_k + s * d, (kv->next_n - s < 4 ? kv->next_n - s : 4) * d);
+        const int8_t *k = kv->k + s * d;
+        for (size_t j = 0; j < q->nq; j++) {
+            const int8_t *qh = q->q_hi + j * d, *ql = q->q_lo + j * d;
+            int32x4_t h0 = vdupq_n_s32(0), h1 = h0, h2 = h0, h3 = h0;
+            int32x4_t l0 = h0, l1 = h0, l2 = h0, l3 = h0;
+            for (size_t i = 0; i < d; i += 16) {
+                int8x16_t k0 = vld1q_s8(k + i), k1 = vld1q_s8(k + d + i);
+                int8x16_t k2 = vld1q_s8(k + 2 * d + i), k3 = vld1q_s8(k + 3 * d + i);
+                int8x16_t a = vld1q_s8(qh + i);
+                h0 = dot16(h0, a, k0), h1 = dot16(h1, a, k1);
+                h2 = dot16(h2, a, k2), h3 = dot16(h3, a, k3);
+                if (two) {
+                    int8x16_t b = vld1q_s8(ql + i);
+                    l0 = dot16(l0, b, k0), l1 = dot16(l1, b, k1);
+                    l2 = dot16(l2, b, k2), l3 = dot16(l3, b, k3);
+                }
             }
+            /* pairwise adds leave the four row sums in order */
+            vst1q_s32(dh + j * I8A_CHUNK + s, vpaddq_s32(vpaddq_s32(h0, h1), vpaddq_s32(h2, h3)));
+            if (two)
+                vst1q_s32(dl + j * I8A_CHUNK + s, vpaddq_s32(vpaddq_s32(l0, l1), vpaddq_s32(l2, l3)));
         }
-        for (int b = 0; b < 16; b++)
-            vst1q_f32(o + i + 4 * b, a[b]);
     }
-    for (; i < d; i += 16) {
-        float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
-        for (size_t s = 0; s < n; s++) {
-            int8x16_t x = vld1q_s8(v + s * d + i);
-            int16x8_t x0 = vmovl_s8(vget_low_s8(x)), x1 = vmovl_s8(vget_high_s8(x));
-            a0 = vfmaq_n_f32(a0, vcvtq_f32_s32(vmovl_s16(vget_low_s16(x0))), w[s]);
-            a1 = vfmaq_n_f32(a1, vcvtq_f32_s32(vmovl_s16(vget_high_s16(x0))), w[s]);
-            a2 = vfmaq_n_f32(a2, vcvtq_f32_s32(vmovl_s16(vget_low_s16(x1))), w[s]);
-            a3 = vfmaq_n_f32(a3, vcvtq_f32_s32(vmovl_s16(vget_high_s16(x1))), w[s]);
+    for (; s < n; s++)
+        for (size_t j = 0; j < q->nq; j++)
+            i8a_dot2_neon_with(dot16, q->q_hi + j * d, q->q_lo + j * d, kv->k + s * d, d, two,
+                               dh + j * I8A_CHUNK + s, dl + j * I8A_CHUNK + s);
+}
+
+/* p[s] = i8a_logit(dh[s], dl[s], ...) for s < n, four at a time; returns max_s p[s]. */
+I8A_INLINE float i8a_logits_neon(const int32_t *dh, const int32_t *dl, float c_hi, float c_lo,
+                                 int two, const float *ks, size_t n, float *p)
+{
+    float32x4_t vmax = vdupq_n_f32(-FLT_MAX);
+    size_t s = 0;
+    for (; s + 4 <= n; s += 4) {
+        float32x4_t lg = vmulq_n_f32(vcvtq_f32_s32(vld1q_s32(dh + s)), c_hi);
+        if (two)
+            lg = vfmaq_n_f32(lg, vcvtq_f32_s32(vld1q_s32(dl + s)), c_lo);
+        lg = vmulq_f32(lg, vld1q_f32(ks + s));
+        vst1q_f32(p + s, lg);
+        vmax = vmaxq_f32(vmax, lg);
+    }
+    float m = vmaxvq_f32(vmax);
+    for (; s < n; s++) {
+        p[s] = i8a_logit(dh[s], two ? dl[s] : 0, c_hi, c_lo, two, ks[s]);
+        m = p[s] > m ? p[s] : m;
+    }
+    return m;
+}
+
+/* Sixteen V codes as four float vectors. */
+I8A_INLINE void i8a_v16_neon(const int8_t *p, float32x4_t x[4])
+{
+    int8x16_t v = vld1q_s8(p);
+    int16x8_t a = vmovl_s8(vget_low_s8(v)), b = vmovl_s8(vget_high_s8(v));
+    x[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(a)));
+    x[1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(a)));
+    x[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(b)));
+    x[3] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(b)));
+}
+
+/* o[h][i0 .. i0 + 16 nu) = sum_s w[h][s] * v[s][.] in token order (fused), for NH heads sharing
+ * each converted V row; prefetches pf_n rows of pf (the next chunk's V). NH and NU constant. */
+I8A_INLINE void i8a_v_block_neon(const float *w, int nh, int nu, const int8_t *v, size_t n,
+                                 size_t d, size_t i0, float *o, const int8_t *pf, size_t pf_n)
+{
+    float32x4_t acc[4][4][4];
+    for (int h = 0; h < nh; h++)
+        for (int u = 0; u < nu; u++)
+            for (int k = 0; k < 4; k++)
+                acc[h][u][k] = vdupq_n_f32(0.0f);
+    for (size_t s = 0; s < n; s++) {
+        if (s < pf_n)
+            i8a_prefetch_rows(pf + s * d, d);
+        for (int u = 0; u < nu; u++) {
+            float32x4_t x[4];
+            i8a_v16_neon(v + s * d + i0 + 16 * u, x);
+            for (int h = 0; h < nh; h++)
+                for (int k = 0; k < 4; k++)
+                    acc[h][u][k] = vfmaq_n_f32(acc[h][u][k], x[k], w[h * I8A_CHUNK + s]);
         }
-        vst1q_f32(o + i, a0);
-        vst1q_f32(o + i + 4, a1);
-        vst1q_f32(o + i + 8, a2);
-        vst1q_f32(o + i + 12, a3);
     }
+    for (int h = 0; h < nh; h++)
+        for (int u = 0; u < nu; u++)
+            for (int k = 0; k < 4; k++)
+                vst1q_f32(o + h * d + i0 + 16 * u + 4 * k, acc[h][u][k]);
+}
+
+I8A_INLINE void i8a_v_group_neon(const float *w, int nh, const int8_t *v, size_t n, size_t d,
+                                 float *o, const int8_t *pf, size_t pf_n)
+{
+    const int nu = nh == 1 ? 4 : nh == 2 ? 2 : 1;
+    size_t i = 0;
+    for (; i + 16 * (size_t)nu <= d; i += 16 * (size_t)nu, pf_n = 0)
+        i8a_v_block_neon(w, nh, nu, v, n, d, i, o, pf, pf_n);
+    for (; i < d; i += 16, pf_n = 0)
+        i8a_v_block_neon(w, nh, 1, v, n, d, i, o, pf, pf_n);
 }
 
 /* The attend of both aarch64 tiers; only the 16-byte dot step differs. */
 I8A_INLINE void i8a_attend_neon_with(i8a_dot16_neon_fn dot16, const i8a_query *q,
                                      const i8a_span *kv, float *scratch, const i8a_state *out)
 {
-    const size_t d = q->d, n = kv->n;
-    for (size_t j = 0; j < q->nq; j++) {
+    const size_t d = q->d, n = kv->n, nq = q->nq;
+    /* dh in the second half of the scratch, dl in the first: head j's logits overwrite its
+     * own dl element by element, each read before it is written */
+    int32_t *dh = (int32_t *)(scratch + nq * I8A_CHUNK), *dl = (int32_t *)scratch;
+    i8a_kdots_neon_with(dot16, q, kv, dh, dl);
+    for (size_t j = 0; j < nq; j++) {
         float *p = scratch + j * I8A_CHUNK;
-        float m = 0.0f;
-        for (size_t s = 0; s < n; s++) {
-            int32_t dh, dl;
-            i8a_dot2_neon_with(dot16, q->q_hi + j * d, q->q_lo + j * d, kv->k + s * d, d,
-                               q->two_planes, &dh, &dl);
-            float lg = i8a_logit(dh, dl, q->c_hi[j], q->c_lo[j], q->two_planes, kv->ks[s]);
-            p[s] = lg;
-            m = (s == 0 || lg > m) ? lg : m;
-        }
+        const float m = i8a_logits_neon(dh + j * I8A_CHUNK, dl + j * I8A_CHUNK, q->c_hi[j],
+                                        q->two_planes ? q->c_lo[j] : 0.0f, q->two_planes,
+                                        kv->ks, n, p);
         for (size_t s = n; s < i8a_round16(n); s++)
             p[s] = 0.0f;
-        out->l[j] = i8a_softmax_neon(p, n, m);
         out->m[j] = m;
-        for (size_t s = 0; s < n; s++)
+        out->l[j] = i8a_softmax_neon(p, n, m);
+        size_t s = 0;
+        for (; s + 4 <= n; s += 4)
+            vst1q_f32(p + s, vmulq_f32(vld1q_f32(p + s), vld1q_f32(kv->vs + s)));
+        for (; s < n; s++)
             p[s] = p[s] * kv->vs[s];
-        i8a_accumulate_v_neon(p, kv->v, n, d, out->o + j * d);
+    }
+    size_t j = 0, pf_n = kv->next_n;   /* the first group prefetches the next chunk's V */
+    for (; j + 4 <= nq; j += 4, pf_n = 0)
+        i8a_v_group_neon(scratch + j * I8A_CHUNK, 4, kv->v, n, d, out->o + j * d, kv->next_v, pf_n);
+    switch (nq - j) {
+    case 3: i8a_v_group_neon(scratch + j * I8A_CHUNK, 3, kv->v, n, d, out->o + j * d, kv->next_v, pf_n); break;
+    case 2: i8a_v_group_neon(scratch + j * I8A_CHUNK, 2, kv->v, n, d, out->o + j * d, kv->next_v, pf_n); break;
+    case 1: i8a_v_group_neon(scratch + j * I8A_CHUNK, 1, kv->v, n, d, out->o + j * d, kv->next_v, pf_n); break;
+    default: break;
     }
 }
 
