@@ -10,13 +10,10 @@ threads, each figure's min / median / max). Compare two reports with benchmarks/
 
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-
-import int8attn as ia  # noqa: E402
-from int8attn import _bench  # noqa: E402
-from int8attn._bench import Case  # noqa: E402
+import int8attn as ia   # the installed package: pip install '.[bench]'
+from int8attn import _bench
+from int8attn._bench import Case
 
 SEED = [512, 2048, 8192]
 

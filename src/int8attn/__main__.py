@@ -4,6 +4,10 @@ Prints the active tier, then for H = Hkv = 8, D = 128 at 512 / 2048 / 8192 token
 the error against fp32 attention over the dequantized cache (the kernel's error), the error against
 fp32 attention over the unquantized K/V (what the int8 format costs), the median time of one
 decode, and the bytes the history takes as int8 and as fp32.
+
+``python -m int8attn bench [--plot FILE.png]``: the seed's table measured against this machine's
+memory: time per decode, GB/s, the fraction of a same-run streaming-read probe over the same
+bytes, and, with --plot, time against context for every tier and baseline (needs matplotlib).
 """
 
 import argparse
@@ -12,7 +16,7 @@ import time
 
 import numpy as np
 
-from . import Int8KVCache, __version__, isa, supported_isas
+from . import Int8KVCache, __version__, get_num_threads, isa, supported_isas
 from .reference import attention
 
 
@@ -33,7 +37,8 @@ def median_seconds(fn, repeats):
 
 
 def history_bytes(tokens, hkv, d, code_bytes):
-    """K and V for `tokens` tokens: codes plus (for int8) one float32 scale per row."""
+    """K and V for `tokens` tokens: codes plus (for int8) one float32 scale per row; code_bytes
+    2 and 4 are fp16 and fp32 caches (no scales)."""
     scales = 4 if code_bytes == 1 else 0
     return 2 * tokens * hkv * (d * code_bytes + scales)
 
@@ -67,17 +72,87 @@ def demo(contexts, heads, kv_heads, head_dim, repeats, seed):
           "the contract for q_bits=16 is 1e-3 against the dequantized cache.")
 
 
+def bench(contexts, regime, plot, budget):
+    from . import _bench
+    from ._bench import Case
+
+    cases = [Case("int8attn", 8, 8, 128, n, regime, q_bits) for n in contexts for q_bits in (16, 8)]
+    plot_cases = []
+    if plot:
+        span = [512, 1024, 2048, 4096, 8192, 16384, 32768]
+        impls = ["numpy-fp32"] + (["torch-fp32", "torch-bf16"] if _bench.torch_available() else [])
+        plot_cases = [Case("int8attn", 8, 8, 128, n, regime, 16, t) for t in supported_isas() for n in span]
+        plot_cases += [Case(i, 8, 8, 128, n, regime) for i in impls for n in span]
+    results = _bench.run_cases(cases + plot_cases, budget)
+    head = results[0]
+    print(f"int8attn {__version__} on {platform.machine()}: tier {head['tier']}, "
+          f"{get_num_threads()} threads max; {regime} regime; H = Hkv = 8, D = 128; "
+          f"median of each decode, probe = streaming read of the same bytes, same threads\n")
+    header = (f"{'tokens':>7} {'q_bits':>6} {'threads':>7} {'ms/decode':>10} {'GB/s':>7} "
+              f"{'probe GB/s':>10} {'of probe':>8} {'err vs ref':>10} {'int8 MB':>8} {'fp16 MB':>8} "
+              f"{'fp32 MB':>8}")
+    print(header)
+    print("-" * len(header))
+    for r in results[:len(cases)]:
+        c = r["case"]
+        n = c["tokens"]
+        print(f"{n:>7} {c['q_bits']:>6} {r['threads']:>7} {r['time']['median'] * 1e3:>10.3f} "
+              f"{r['gbps']:>7.1f} {r['probe_gbps']:>10.1f} {r['fraction_of_probe']:>8.2f} "
+              f"{r['error_vs_reference']:>10.1e} {history_bytes(n, 8, 128, 1) / 1e6:>8.2f} "
+              f"{history_bytes(n, 8, 128, 2) / 1e6:>8.2f} {history_bytes(n, 8, 128, 4) / 1e6:>8.2f}")
+    if plot:
+        draw(results[len(cases):], plot, regime)
+        print(f"\nplot: {plot}")
+
+
+def draw(results, path, regime):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install 'int8attn[bench]'") from None
+    series = {}
+    for r in results:
+        c = r["case"]
+        label = f"int8attn {r['tier']}" if c["impl"] == "int8attn" else c["impl"]
+        series.setdefault(label, []).append((c["tokens"], r["time"]["median"] * 1e3))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, pts in series.items():
+        xs, ys = zip(*sorted(pts))
+        ax.plot(xs, ys, marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel("ms per decode (median)")
+    ax.set_title(f"decode, H = Hkv = 8, D = 128, {regime} regime, {platform.machine()}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m int8attn", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", nargs="?", choices=["demo", "bench"], default="demo",
+                        help="demo (default): errors and times; bench: the bandwidth table")
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 2048, 8192])
-    parser.add_argument("--heads", type=int, default=8, help="query heads H (default 8)")
-    parser.add_argument("--kv-heads", type=int, default=8, help="kv heads Hkv (default 8)")
-    parser.add_argument("--head-dim", type=int, default=128, help="head dim D (default 128)")
-    parser.add_argument("--repeats", type=int, default=50, help="timed decodes per row")
+    parser.add_argument("--heads", type=int, default=8, help="demo: query heads H (default 8)")
+    parser.add_argument("--kv-heads", type=int, default=8, help="demo: kv heads Hkv (default 8)")
+    parser.add_argument("--head-dim", type=int, default=128, help="demo: head dim D (default 128)")
+    parser.add_argument("--repeats", type=int, default=50, help="demo: timed decodes per row")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--regime", choices=["hot", "cold"], default="hot",
+                        help="bench: one cache decoded again and again (hot) or a round robin "
+                             "of caches past the last-level cache (cold)")
+    parser.add_argument("--plot", metavar="FILE.png", help="bench: also plot time vs context")
+    parser.add_argument("--budget", type=float, default=0.4, help="bench: seconds per case")
     args = parser.parse_args(argv)
-    demo(args.contexts, args.heads, args.kv_heads, args.head_dim, args.repeats, args.seed)
+    if args.command == "bench":
+        bench(args.contexts, args.regime, args.plot, args.budget)
+    else:
+        demo(args.contexts, args.heads, args.kv_heads, args.head_dim, args.repeats, args.seed)
 
 
 if __name__ == "__main__":

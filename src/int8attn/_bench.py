@@ -190,7 +190,7 @@ def torch_available():
     try:
         import torch  # noqa: F401
         return True
-    except ImportError:
+    except Exception:      # absent, or an install that does not load
         return False
 
 
@@ -250,11 +250,9 @@ def machine_info():
 
 def versions():
     out = {"python": platform.python_version(), "numpy": np.__version__, "int8attn": __version__}
-    try:
+    if torch_available():
         import torch
         out["torch"] = torch.__version__
-    except ImportError:
-        pass
     return out
 
 
