@@ -49,18 +49,10 @@ static int i8a_quantize_row_avx2(const float *x, size_t d, int8_t *codes, float 
     }
     float absmax = i8a_hmax8_avx2(vmax);
     int finite = _mm256_movemask_ps(ok) == 0xff;
-    for (; i < d; i++) {
-        float a = fabsf(x[i]);
-        finite &= a <= FLT_MAX;
-        absmax = a > absmax ? a : absmax;
-    }
-    if (!finite)
-        return -1;
     float inv;
-    if (!i8a_row_scales(absmax, scale, &inv)) {
-        memset(codes, 0, d);
-        return 0;
-    }
+    const int todo = i8a_row_prepare(x, i, d, absmax, finite, codes, scale, &inv);
+    if (todo <= 0)
+        return todo;
     const __m256 vinv = _mm256_set1_ps(inv);
     const __m256i lo = _mm256_set1_epi8(-127);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);

@@ -35,18 +35,10 @@ static int i8a_quantize_row_avx512_vnni(const float *x, size_t d, int8_t *codes,
     }
     float absmax = _mm512_reduce_max_ps(vmax);
     int finite = ok == 0xffff;
-    for (; i < d; i++) {
-        float a = fabsf(x[i]);
-        finite &= a <= FLT_MAX;
-        absmax = a > absmax ? a : absmax;
-    }
-    if (!finite)
-        return -1;
     float inv;
-    if (!i8a_row_scales(absmax, scale, &inv)) {
-        memset(codes, 0, d);
-        return 0;
-    }
+    const int todo = i8a_row_prepare(x, i, d, absmax, finite, codes, scale, &inv);
+    if (todo <= 0)
+        return todo;
     const __m512 vinv = _mm512_set1_ps(inv);
     const __m128i lo = _mm_set1_epi8(-127);
     for (i = 0; i + 16 <= d; i += 16) {
@@ -94,32 +86,36 @@ static void i8a_dots_avx512_vnni(const int8_t *q, const int8_t *k, size_t n, siz
         out[s] = i8a_dot_avx512_vnni(q, k + s * d, d, corr);
 }
 
-/* The four row sums of four accumulators, minus the offset's correction: pairs interleaved
- * by 32-bit unpacks, then by 64-bit unpacks, leave [a0 a1 a2 a3] partials in each 128-bit
- * block; folding the four blocks finishes the sums (integers: the order is free). */
-static inline __m128i i8a_reduce4_avx512_vnni(__m512i a0, __m512i a1, __m512i a2, __m512i a3,
-                                              __m128i corr)
+/* Bytes [i, i + 32) of a row of d bytes, zeros past d (d a multiple of 16). */
+static inline __m256i i8a_load32_avx512_vnni(const int8_t *p, size_t i, size_t d)
 {
-    __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a0, a1), _mm512_unpackhi_epi32(a0, a1));
-    __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(a2, a3), _mm512_unpackhi_epi32(a2, a3));
-    __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
-    __m256i y = _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
-    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+    if (i + 32 <= d)
+        return _mm256_loadu_si256((const __m256i *)(p + i));
+    return _mm256_maskz_loadu_epi8(0xffff, p + i);
+}
+
+/* Four row sums of four 256-bit accumulators, minus the offset's correction. */
+static inline __m128i i8a_reduce4x256_avx512_vnni(__m256i a0, __m256i a1, __m256i a2, __m256i a3,
+                                                  __m128i corr)
+{
+    __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
     return _mm_sub_epi32(x, corr);
 }
 
 /* Exact dots of every query head's planes with rows [0, n), four rows at a time (see
- * i8a_kdots_avx2): dh[j * I8A_CHUNK + s], dl[...]. */
+ * i8a_kdots_avx2): dh[j * I8A_CHUNK + s], dl[...]. 256-bit vpdpbusd: on cores that split
+ * 512-bit operations it costs the same per byte, and its row sums reduce in half the steps. */
 static inline void i8a_kdots_avx512_vnni(const i8a_query *q, const i8a_span *kv, int32_t *dh,
                                          int32_t *dl)
 {
     const size_t d = q->d, n = kv->n;
     const int two = q->two_planes;
-    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
     for (size_t j = 0; j < q->nq; j++) {
         const int8_t *qh = q->q_hi + j * d, *ql = q->q_lo + j * d;
-        const int32_t ch = 128 * i8a_qsum_avx512_vnni(qh, d);
-        const int32_t cl = two ? 128 * i8a_qsum_avx512_vnni(ql, d) : 0;
+        const __m128i ch = _mm_set1_epi32(128 * i8a_qsum_avx512_vnni(qh, d));
+        const __m128i cl = _mm_set1_epi32(two ? 128 * i8a_qsum_avx512_vnni(ql, d) : 0);
         /* rows past n of the last group of four are never stored: computed on row n - 1 */
         for (size_t s = 0; s < n; s += 4) {
             if (j == 0 && s < kv->next_n) /* the next chunk's K, one group of rows per group */
@@ -128,31 +124,31 @@ static inline void i8a_kdots_avx512_vnni(const i8a_query *q, const i8a_span *kv,
             const int8_t *k1 = kv->k + (s + 1 < n ? s + 1 : n - 1) * d;
             const int8_t *k2 = kv->k + (s + 2 < n ? s + 2 : n - 1) * d;
             const int8_t *k3 = kv->k + (s + 3 < n ? s + 3 : n - 1) * d;
-            __m512i h0 = _mm512_setzero_si512(), h1 = h0, h2 = h0, h3 = h0;
-            __m512i l0 = h0, l1 = h0, l2 = h0, l3 = h0;
-            for (size_t i = 0; i < d; i += 64) {
-                __m512i u0 = _mm512_xor_si512(i8a_load64_avx512_vnni(k0, i, d), bias);
-                __m512i u1 = _mm512_xor_si512(i8a_load64_avx512_vnni(k1, i, d), bias);
-                __m512i u2 = _mm512_xor_si512(i8a_load64_avx512_vnni(k2, i, d), bias);
-                __m512i u3 = _mm512_xor_si512(i8a_load64_avx512_vnni(k3, i, d), bias);
-                __m512i a = i8a_load64_avx512_vnni(qh, i, d);
-                h0 = _mm512_dpbusd_epi32(h0, u0, a);
-                h1 = _mm512_dpbusd_epi32(h1, u1, a);
-                h2 = _mm512_dpbusd_epi32(h2, u2, a);
-                h3 = _mm512_dpbusd_epi32(h3, u3, a);
+            __m256i h0 = _mm256_setzero_si256(), h1 = h0, h2 = h0, h3 = h0;
+            __m256i l0 = h0, l1 = h0, l2 = h0, l3 = h0;
+            for (size_t i = 0; i < d; i += 32) {
+                __m256i u0 = _mm256_xor_si256(i8a_load32_avx512_vnni(k0, i, d), bias);
+                __m256i u1 = _mm256_xor_si256(i8a_load32_avx512_vnni(k1, i, d), bias);
+                __m256i u2 = _mm256_xor_si256(i8a_load32_avx512_vnni(k2, i, d), bias);
+                __m256i u3 = _mm256_xor_si256(i8a_load32_avx512_vnni(k3, i, d), bias);
+                __m256i a = i8a_load32_avx512_vnni(qh, i, d);
+                h0 = _mm256_dpbusd_epi32(h0, u0, a);
+                h1 = _mm256_dpbusd_epi32(h1, u1, a);
+                h2 = _mm256_dpbusd_epi32(h2, u2, a);
+                h3 = _mm256_dpbusd_epi32(h3, u3, a);
                 if (two) {
-                    __m512i b = i8a_load64_avx512_vnni(ql, i, d);
-                    l0 = _mm512_dpbusd_epi32(l0, u0, b);
-                    l1 = _mm512_dpbusd_epi32(l1, u1, b);
-                    l2 = _mm512_dpbusd_epi32(l2, u2, b);
-                    l3 = _mm512_dpbusd_epi32(l3, u3, b);
+                    __m256i b = i8a_load32_avx512_vnni(ql, i, d);
+                    l0 = _mm256_dpbusd_epi32(l0, u0, b);
+                    l1 = _mm256_dpbusd_epi32(l1, u1, b);
+                    l2 = _mm256_dpbusd_epi32(l2, u2, b);
+                    l3 = _mm256_dpbusd_epi32(l3, u3, b);
                 }
             }
             _mm_store_si128((__m128i *)(dh + j * I8A_CHUNK + s),
-                            i8a_reduce4_avx512_vnni(h0, h1, h2, h3, _mm_set1_epi32(ch)));
+                            i8a_reduce4x256_avx512_vnni(h0, h1, h2, h3, ch));
             if (two)
                 _mm_store_si128((__m128i *)(dl + j * I8A_CHUNK + s),
-                                i8a_reduce4_avx512_vnni(l0, l1, l2, l3, _mm_set1_epi32(cl)));
+                                i8a_reduce4x256_avx512_vnni(l0, l1, l2, l3, cl));
         }
     }
 }

@@ -31,6 +31,26 @@ static inline int i8a_row_scales(float absmax, float *scale, float *inv)
     return 1;
 }
 
+/* The end of every tier's quantizer scan: folds elements [i, d) into the absmax and finiteness
+ * found so far, then sets the scales. Returns -1 for a row with a NaN or an Inf, 0 for a row
+ * stored as zeros (nothing left to do), 1 when the codes remain to be computed with *inv. */
+static inline int i8a_row_prepare(const float *x, size_t i, size_t d, float absmax, int finite,
+                                  int8_t *codes, float *scale, float *inv)
+{
+    for (; i < d; i++) {
+        float a = fabsf(x[i]);
+        finite &= a <= FLT_MAX;          /* false for +inf and for NaN */
+        absmax = a > absmax ? a : absmax;
+    }
+    if (!finite)
+        return -1;
+    if (!i8a_row_scales(absmax, scale, inv)) {
+        memset(codes, 0, d);
+        return 0;
+    }
+    return 1;
+}
+
 /* One element of the quantizer: clamp(round_half_even(x * inv), -127, 127). */
 static inline int8_t i8a_quantize_one(float x, float inv)
 {

@@ -33,18 +33,10 @@ static int i8a_quantize_row_neon(const float *x, size_t d, int8_t *codes, float 
     }
     float absmax = vmaxvq_f32(vmax);
     int finite = vminvq_u32(ok) == 0xffffffffu;
-    for (; i < d; i++) {
-        float a = fabsf(x[i]);
-        finite &= a <= FLT_MAX;
-        absmax = a > absmax ? a : absmax;
-    }
-    if (!finite)
-        return -1;
     float inv;
-    if (!i8a_row_scales(absmax, scale, &inv)) {
-        memset(codes, 0, d);
-        return 0;
-    }
+    const int todo = i8a_row_prepare(x, i, d, absmax, finite, codes, scale, &inv);
+    if (todo <= 0)
+        return todo;
     const float32x4_t vinv = vdupq_n_f32(inv);
     const int8x16_t lo = vdupq_n_s8(-127);
     for (i = 0; i + 16 <= d; i += 16) {

@@ -9,20 +9,10 @@
 
 static int i8a_quantize_row_scalar(const float *x, size_t d, int8_t *codes, float *scale)
 {
-    float absmax = 0.0f;
-    int finite = 1;
-    for (size_t i = 0; i < d; i++) {
-        float a = fabsf(x[i]);
-        finite &= a <= FLT_MAX;          /* false for +inf and for NaN */
-        absmax = a > absmax ? a : absmax;
-    }
-    if (!finite)
-        return -1;
     float inv;
-    if (!i8a_row_scales(absmax, scale, &inv)) {
-        memset(codes, 0, d);
-        return 0;
-    }
+    const int todo = i8a_row_prepare(x, 0, d, 0.0f, 1, codes, scale, &inv);
+    if (todo <= 0)
+        return todo;
     for (size_t i = 0; i < d; i++)
         codes[i] = i8a_quantize_one(x[i], inv);
     return 0;
