@@ -259,7 +259,7 @@ rm -rf "$ROOT/src"
 mkdir -p "$ROOT/src"
 tar -C "$SRC_DIR" \
   --exclude=.git --exclude=./build --exclude='*.so' --exclude=__pycache__ \
-  --exclude='*.egg-info' --exclude=.venv --exclude=.pytest_cache \
+  --exclude='*.egg-info' --exclude='.venv*' --exclude=.pytest_cache \
   --exclude=./src/int8attn/_cache.c \
   -cf - . | tar -C "$ROOT/src" -xf -
 log "copied $SRC_DIR -> $ROOT/src ($(du -sh "$ROOT/src" | cut -f1))"

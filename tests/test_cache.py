@@ -158,6 +158,11 @@ def test_torch_cpu_tensors():
     q = rng.standard_normal((4, 32)).astype(np.float32)
     np.testing.assert_array_equal(np.asarray(a.decode(torch.from_numpy(q).requires_grad_())),
                                   b.decode(q))
+    # bfloat16, which numpy lacks: converted through float32
+    kb = torch.from_numpy(k).to(torch.bfloat16)
+    c = ia.Int8KVCache(2, 9, 32)
+    c.append(kb, kb)
+    np.testing.assert_array_equal(c.k_i8, R.quantize_rows(kb.float().numpy())[0].transpose(1, 0, 2))
 
 
 def _rss_bytes():

@@ -182,17 +182,15 @@ def _as_float32(x, str name):
 
 
 def _torch_to_numpy(t, str name):
+    """A torch tensor as numpy, without a copy when it is a CPU float32 tensor (bfloat16 and the
+    other float types numpy lacks are converted first)."""
+    import torch
     if t.device.type != "cpu":
         raise ValueError(f"{name} must be a CPU tensor, got one on device {t.device}")
     t = t.detach()
-    if t.is_floating_point() and t.dtype != _torch_float32(t):
+    if t.is_floating_point() and t.dtype != torch.float32:
         t = t.float()
     return t.numpy()
-
-
-def _torch_float32(t):
-    import torch
-    return torch.float32
 
 
 def _aligned_empty(size_t n, dtype):
