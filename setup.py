@@ -15,7 +15,8 @@ if sys.platform == "win32":
     libraries = []
 else:
     # -ffp-contract=off: an FMA only where the kernels write one, so every tier rounds alike.
-    cflags = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c11"]
+    # -g0: no debug info in what wheels ship (CFLAGS=-g rebuilds with it for profiling).
+    cflags = ["-O3", "-g0", "-ffp-contract=off", "-fno-math-errno", "-std=c11"]
     libraries = ["m", "pthread"]
 
 ext = Extension(

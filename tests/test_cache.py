@@ -11,6 +11,7 @@ import pytest
 
 import int8attn as ia
 from conftest import filled_cache, make_kv, rel_err
+from int8attn import _cache
 from int8attn import reference as R
 
 
@@ -156,8 +157,23 @@ def test_torch_cpu_tensors():
     b.append(k, v)
     np.testing.assert_array_equal(a.k_i8, b.k_i8)
     q = rng.standard_normal((4, 32)).astype(np.float32)
-    np.testing.assert_array_equal(np.asarray(a.decode(torch.from_numpy(q).requires_grad_())),
-                                  b.decode(q))
+    got = a.decode(torch.from_numpy(q).requires_grad_())
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.float32 and got.shape == (4, 32)
+    np.testing.assert_array_equal(got.numpy(), b.decode(q))
+    # no copies: a CPU float32 tensor is read in place, and out= may be a tensor
+    qt = torch.from_numpy(q)
+    assert np.shares_memory(_cache._as_float32(qt, "q"), q)
+    out = torch.full((4, 32), float("nan"))
+    assert a.decode(qt, out=out) is out
+    np.testing.assert_array_equal(out.numpy(), b.decode(q))
+    with pytest.raises(TypeError, match="out must have dtype float32, got torch.float64"):
+        a.decode(qt, out=torch.zeros((4, 32), dtype=torch.float64))
+    with pytest.raises(ValueError, match="out must not require grad"):
+        a.decode(qt, out=torch.zeros((4, 32), requires_grad=True))
+    with pytest.raises(ValueError, match=r"out must have shape \[4, 32\], got \[32, 4\]"):
+        a.decode(qt, out=torch.zeros((32, 4)))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        a.decode(qt, out=torch.zeros((32, 4)).t())
     # bfloat16, which numpy lacks: converted through float32
     kb = torch.from_numpy(k).to(torch.bfloat16)
     c = ia.Int8KVCache(2, 9, 32)

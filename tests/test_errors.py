@@ -100,7 +100,7 @@ def test_empty_batch_is_a_no_op(cache):
     (good(4, 32), {"out": np.empty((4, 32), np.float64)}, TypeError, r"out must have dtype float32"),
     (good(4, 32), {"out": np.empty((2, 32), np.float32)}, ValueError, r"out must have shape \[4, 32\]"),
     (good(4, 32), {"out": np.empty((32, 4), np.float32).T}, ValueError, r"out must be C-contiguous"),
-    (good(4, 32), {"out": [[0.0] * 32] * 4}, TypeError, r"out must be a numpy.ndarray, got list"),
+    (good(4, 32), {"out": [[0.0] * 32] * 4}, TypeError, r"out must be a numpy.ndarray or a torch tensor, got list"),
     (np.ones((4, 32), complex), {}, TypeError, r"q must hold real numbers"),
 ])
 def test_decode_bad_input(cache, q, kwargs, exc, match):

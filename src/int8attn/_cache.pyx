@@ -162,9 +162,13 @@ def supported_isas():
 # ---------------------------------------------------------------------------------------------
 # Input conversion
 
+def _is_torch(x):
+    return type(x).__module__.partition(".")[0] == "torch"
+
+
 def _as_float32(x, str name):
     """x as a float32 numpy array (no copy when it already is one), or TypeError naming `name`."""
-    if type(x).__module__.partition(".")[0] == "torch":
+    if _is_torch(x):
         x = _torch_to_numpy(x, name)
     if isinstance(x, np.ndarray):
         a = x
@@ -387,7 +391,7 @@ cdef class Int8KVCache:
 
         Parameters
         ----------
-        q : array-like, [H, D]
+        q : array-like or torch CPU tensor, [H, D]
             Queries, any real dtype (converted to float32); H a multiple of Hkv. Query head h
             reads kv head ``h // (H // Hkv)`` (GQA; MQA when Hkv == 1).
         scale : float, optional
@@ -395,12 +399,13 @@ cdef class Int8KVCache:
         q_bits : {16, 8}
             16 (default): q as two int8 planes, within 1e-3 of fp32 attention on the dequantized
             cache. 8: a single int8 q, the seed's method (about 1e-2).
-        out : numpy.ndarray, optional
+        out : numpy.ndarray or torch CPU tensor, optional
             [H, D] float32 C-contiguous buffer to write into instead of allocating.
 
         Returns
         -------
-        numpy.ndarray, [H, D] float32 (``out`` when given).
+        [H, D] float32: ``out`` when given, else a torch tensor when q is one (sharing memory
+        with the numpy result, no copy), else a numpy.ndarray.
         """
         if self._c.len == 0:
             raise ValueError("decode on an empty cache: append at least one token first")
@@ -422,8 +427,12 @@ cdef class Int8KVCache:
                 raise TypeError(f"scale must be a real number, got {type(scale).__name__}") from None
             if not abs(sm) <= _FLOAT32_MAX:
                 raise ValueError(f"scale must be finite in float32, got {scale!r}")
+        result = out
         if out is None:
             out = np.empty((h, d), np.float32)
+            result = _torch_from_numpy(out) if _is_torch(q) else out
+        elif _is_torch(out):
+            out = _torch_out(out, h, d)
         else:
             _check_out(out, h, d)
         cdef size_t threads = i8a_decode_threads(&self._c, h, _threads)
@@ -446,7 +455,7 @@ cdef class Int8KVCache:
             self._busy = False
         if rc != 0:
             raise ValueError(f"q holds NaN or Inf, or a value beyond float32 range (query head {bad})")
-        return out
+        return result
 
     def _stream_read(self, threads=None):
         """Read every byte a decode reads (codes and scales of all heads and tokens), split over
@@ -463,9 +472,30 @@ cdef class Int8KVCache:
         return i8a_decode_threads(&self._c, h, _threads)
 
 
+def _torch_out(t, h, d):
+    """A torch out= tensor as a writable numpy view of its memory, after the same checks."""
+    import torch
+    if t.device.type != "cpu":
+        raise ValueError(f"out must be a CPU tensor, got one on device {t.device}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"out must have dtype float32, got {t.dtype}")
+    if t.requires_grad:
+        raise ValueError("out must not require grad")
+    if tuple(t.shape) != (h, d):
+        raise ValueError(f"out must have shape {[h, d]}, got {list(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError("out must be C-contiguous and writeable")
+    return t.numpy()
+
+
+def _torch_from_numpy(a):
+    import torch
+    return torch.from_numpy(a)
+
+
 def _check_out(out, h, d):
     if not isinstance(out, np.ndarray):
-        raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
+        raise TypeError(f"out must be a numpy.ndarray or a torch tensor, got {type(out).__name__}")
     if out.dtype != np.float32:
         raise TypeError(f"out must have dtype float32, got {out.dtype}")
     if out.shape != (h, d):

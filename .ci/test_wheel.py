@@ -1,0 +1,36 @@
+"""Run the test suite against the installed int8attn once per tier this CPU has.
+
+    python .ci/test_wheel.py TESTS_DIR [pytest args...]
+
+Each run sets INT8ATTN_ISA to one supported tier (so that tier is the default one at import) and
+runs pytest from a directory outside the source tree, so `import int8attn` finds the installed
+wheel, never the sources. Used by cibuildwheel's test-command and by .ci/run.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def main(tests, *args):
+    tiers = subprocess.run([sys.executable, "-c", "import int8attn; print(*int8attn.supported_isas())"],
+                           check=True, capture_output=True, text=True,
+                           cwd=tempfile.gettempdir()).stdout.split()
+    failed = []
+    for tier in tiers:
+        print(f"== INT8ATTN_ISA={tier}", flush=True)
+        env = dict(os.environ, INT8ATTN_ISA=tier)
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            os.path.abspath(tests), *args], env=env, cwd=tempfile.gettempdir())
+        if r.returncode != 0:
+            failed.append(tier)
+    if failed:
+        print(f"tests failed with INT8ATTN_ISA={', '.join(failed)}")
+        return 1
+    print(f"tests passed with INT8ATTN_ISA={', '.join(tiers)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))
