@@ -8,6 +8,9 @@ decode, and the bytes the history takes as int8 and as fp32.
 ``python -m int8attn bench [--plot FILE.png]``: the seed's table measured against this machine's
 memory: time per decode, GB/s, the fraction of a same-run streaming-read probe over the same
 bytes, and, with --plot, time against context for every tier and baseline (needs matplotlib).
+
+``python -m int8attn kernels-layout OUT``: this install in the layout the Hugging Face kernels
+library loads (see int8attn._kernels_layout).
 """
 
 import argparse
@@ -135,8 +138,12 @@ def draw(results, path, regime):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m int8attn", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", nargs="?", choices=["demo", "bench"], default="demo",
-                        help="demo (default): errors and times; bench: the bandwidth table")
+    parser.add_argument("command", nargs="?", choices=["demo", "bench", "kernels-layout"],
+                        default="demo", help="demo (default): errors and times; bench: the "
+                        "bandwidth table; kernels-layout OUT: a kernels-loadable folder")
+    parser.add_argument("out", nargs="?", help="kernels-layout: the folder to write")
+    parser.add_argument("--name", default="cpu-attn", help="kernels-layout: kernel name")
+    parser.add_argument("--kernel-version", type=int, default=1, help="kernels-layout: version")
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 2048, 8192])
     parser.add_argument("--heads", type=int, default=8, help="demo: query heads H (default 8)")
     parser.add_argument("--kv-heads", type=int, default=8, help="demo: kv heads Hkv (default 8)")
@@ -149,7 +156,12 @@ def main(argv=None):
     parser.add_argument("--plot", metavar="FILE.png", help="bench: also plot time vs context")
     parser.add_argument("--budget", type=float, default=0.4, help="bench: seconds per case")
     args = parser.parse_args(argv)
-    if args.command == "bench":
+    if args.command == "kernels-layout":
+        if not args.out:
+            parser.error("kernels-layout needs the folder to write: kernels-layout OUT")
+        from ._kernels_layout import write_layout
+        print(write_layout(args.out, args.name, args.kernel_version))
+    elif args.command == "bench":
         bench(args.contexts, args.regime, args.plot, args.budget)
     else:
         demo(args.contexts, args.heads, args.kv_heads, args.head_dim, args.repeats, args.seed)

@@ -10,8 +10,15 @@
 #endif
 
 #if defined(__aarch64__) || defined(_M_ARM64)
-#include "neon_dotprod.h"
 #define I8A_HAVE_NEON 1
+/* clang before 17 declares vdotq_s32 only when the whole file targets dotprod (Apple's clang
+ * does: every Apple arm64 core has it); there the neon tier serves dotprod cores too. */
+#if !defined(__clang__) || defined(__ARM_FEATURE_DOTPROD) || __clang_major__ >= 17
+#include "neon_dotprod.h"
+#define I8A_HAVE_NEON_DOTPROD 1
+#else
+#include "neon.h"
+#endif
 #endif
 
 const i8a_kernels i8a_tiers[] = {
@@ -21,9 +28,11 @@ const i8a_kernels i8a_tiers[] = {
     {"avx2", I8A_CPU_AVX2, i8a_quantize_row_avx2, i8a_dots_avx2, i8a_attend_avx2, i8a_merge_avx2,
      i8a_stream_avx2},
 #endif
-#ifdef I8A_HAVE_NEON
+#ifdef I8A_HAVE_NEON_DOTPROD
     {"neon_dotprod", I8A_CPU_NEON | I8A_CPU_DOTPROD, i8a_quantize_row_neon, i8a_dots_neon_dotprod,
      i8a_attend_neon_dotprod, i8a_merge_neon, i8a_stream_neon},
+#endif
+#ifdef I8A_HAVE_NEON
     {"neon", I8A_CPU_NEON, i8a_quantize_row_neon, i8a_dots_neon, i8a_attend_neon, i8a_merge_neon,
      i8a_stream_neon},
 #endif

@@ -1,0 +1,84 @@
+"""What the installed package carries (stub, py.typed) and the Hugging Face kernels layout."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import int8attn as ia
+from int8attn._kernels_layout import write_layout
+from test_dispatch import run_python
+
+PACKAGE = os.path.dirname(ia.__file__)
+
+
+def test_installed_package_is_typed():
+    assert os.path.exists(os.path.join(PACKAGE, "py.typed"))
+    assert os.path.exists(os.path.join(PACKAGE, "_cache.pyi"))
+
+
+def test_layout_files(tmp_path):
+    variant = write_layout(tmp_path / "k")
+    assert variant == str(tmp_path / "k" / "build" / "torch-universal")
+    meta = json.load(open(os.path.join(variant, "metadata.json")))
+    assert meta["name"] == "cpu-attn" and meta["version"] == 1
+    assert meta["license"] == "Apache-2.0" and meta["python-depends"] == []
+    assert meta["backend"] == {"type": "cpu"}
+    files = os.listdir(os.path.join(variant, "cpu_attn"))
+    assert "__init__.py" in files and "py.typed" in files
+    assert any(f.startswith("_cache") and f.endswith((".so", ".pyd")) for f in files)
+    assert not any(f.endswith((".c", ".h", ".pyx")) for f in files)
+    write_layout(tmp_path / "k")                      # writing again replaces the variant
+
+
+@pytest.mark.parametrize("kwargs, match", [({"name": "Cpu Attn"}, "name must be"),
+                                           ({"version": 0}, "version must be"),
+                                           ({"version": "1"}, "version must be")])
+def test_layout_arguments(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        write_layout(tmp_path, **kwargs)
+
+
+LOAD = """
+import sys
+from pathlib import Path
+import numpy as np
+if sys.argv[1] == "local":
+    from kernels import get_local_kernel
+    m = get_local_kernel(Path(sys.argv[2]))
+else:
+    from kernels import get_kernel
+    m = get_kernel("phanerozoic/cpu-attn", version=1, trust_remote_code=True)
+rng = np.random.default_rng(0)
+cache = m.Int8KVCache(n_kv_heads=2, max_seq=300, head_dim=64)
+cache.append(rng.standard_normal((300, 2, 64)), rng.standard_normal((300, 2, 64)))
+q = rng.standard_normal((8, 64)).astype(np.float32)
+ref = m.reference.attention(q, *cache.dequantize())
+err = float(np.max(np.abs(cache.decode(q) - ref) / np.max(np.abs(ref), axis=1, keepdims=True)))
+print(m.__name__, m.isa(), "torch" in sys.modules, err)
+"""
+
+
+@pytest.mark.parametrize("how", ["local", "seed_call_with_LOCAL_KERNELS"])
+def test_loads_through_kernels_offline_without_torch(tmp_path, how):
+    pytest.importorskip("kernels")
+    out = tmp_path / "layout"
+    r = run_python(f"import sys; sys.argv = ['', 'kernels-layout', {str(out)!r}]; "
+                   "from int8attn.__main__ import main; main()")
+    assert r.returncode == 0, r.stderr
+    env = {"HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    if how != "local":
+        env["LOCAL_KERNELS"] = f"phanerozoic/cpu-attn={out}"
+    script = tmp_path / "load.py"
+    script.write_text(LOAD)
+    r = subprocess.run([sys.executable, str(script), "local" if how == "local" else "hub", str(out)],
+                       env={**os.environ, **env}, capture_output=True, text=True, timeout=600,
+                       cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    name, tier, torch_loaded, err = r.stdout.split()
+    assert name.startswith("_cpu_attn_int8attn_")      # the kernel's module, not this install
+    assert tier in ia.supported_isas()
+    assert torch_loaded == "False"
+    assert float(err) <= 1e-3
