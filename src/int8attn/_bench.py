@@ -10,6 +10,7 @@ fits); ``cold`` decodes a round robin of caches whose total is at least eight ti
 cache, like the layers of a model, so every decode streams from memory.
 """
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -104,34 +105,17 @@ def _data(case, rng):
     return k, v, q
 
 
-class _Threads:
-    """Set int8attn's thread count for a case, restore it after."""
-
-    def __init__(self, n):
-        self.n = n
-
-    def __enter__(self):
-        self.before = get_num_threads()
-        if self.n:
-            set_num_threads(self.n)
-        return get_num_threads()
-
-    def __exit__(self, *exc):
-        set_num_threads(self.before)
-
-
-class _Tier:
-    def __init__(self, name):
-        self.name = name
-
-    def __enter__(self):
-        self.before = isa()
-        if self.name:
-            _cache._set_isa(self.name)
-        return isa()
-
-    def __exit__(self, *exc):
-        _cache._set_isa(self.before)
+@contextlib.contextmanager
+def _setting(get, set_, value):
+    """Set a process-wide setting for one case (when value is truthy), restore it after;
+    yields the value in force."""
+    before = get()
+    if value:
+        set_(value)
+    try:
+        yield get()
+    finally:
+        set_(before)
 
 
 def run_int8attn(case, budget, rng):
@@ -144,7 +128,8 @@ def run_int8attn(case, budget, rng):
         c.append(k, v)
         caches.append(c)
     out = np.empty((case.h, case.d), np.float32)
-    with _Tier(case.tier) as tier, _Threads(case.threads) as max_threads:
+    with _setting(isa, _cache._set_isa, case.tier) as tier, \
+            _setting(get_num_threads, set_num_threads, case.threads) as max_threads:
         used = caches[0]._decode_threads(case.h)
         got = caches[0].decode(q, q_bits=case.q_bits)
         decode = _timed(lambda i: caches[i].decode(q, q_bits=case.q_bits, out=out), copies, 20, budget)
