@@ -256,7 +256,7 @@ static inline float i8a_logits_avx2(const int32_t *dh, const int32_t *dl, float 
 
 /* o[h][i0 .. i0 + 8 nv) = sum_s w[h][s] * v[s][.] in token order (fused), for NH heads at once:
  * each V row is converted once for the group. NH and NV are constants at every call. */
-static inline __attribute__((always_inline)) void
+I8A_INLINE void
 i8a_v_block_avx2(const float *w, int nh, int nv, const int8_t *v, size_t n, size_t d, size_t i0,
                  float *o, const int8_t *pf, size_t pf_n)
 {
@@ -280,7 +280,7 @@ i8a_v_block_avx2(const float *w, int nh, int nv, const int8_t *v, size_t n, size
 }
 
 /* pf, pf_n: rows to prefetch (the next chunk's V) while the first block runs. */
-static inline __attribute__((always_inline)) void
+I8A_INLINE void
 i8a_v_group_avx2(const float *w, int nh, const int8_t *v, size_t n, size_t d, float *o,
                  const int8_t *pf, size_t pf_n)
 {

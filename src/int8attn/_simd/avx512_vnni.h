@@ -249,7 +249,7 @@ static inline void i8a_store64_avx512_vnni(float *o, const __m512 a[4])
 
 /* o[h][i0 .. i0 + 64 nb) = sum_s w[h][s] * v[s][.] in token order (fused), NH heads sharing each
  * converted V row, NB groups of 64 floats. NH and NB are constants at every call. */
-static inline __attribute__((always_inline)) void
+I8A_INLINE void
 i8a_v_block_avx512_vnni(const float *w, int nh, int nb, const int8_t *v, size_t n, size_t d,
                         size_t i0, float *o, const int8_t *pf, size_t pf_n)
 {
@@ -277,7 +277,7 @@ i8a_v_block_avx512_vnni(const float *w, int nh, int nb, const int8_t *v, size_t 
 }
 
 /* The same for 16 floats at i0, converting with vpmovsxbd: the tail when d % 64 != 0. */
-static inline __attribute__((always_inline)) void
+I8A_INLINE void
 i8a_v_tail_avx512_vnni(const float *w, int nh, const int8_t *v, size_t n, size_t d, size_t i0,
                        float *o)
 {
@@ -294,7 +294,7 @@ i8a_v_tail_avx512_vnni(const float *w, int nh, const int8_t *v, size_t n, size_t
 }
 
 /* pf, pf_n: rows to prefetch (the next chunk's V) while the first block runs. */
-static inline __attribute__((always_inline)) void
+I8A_INLINE void
 i8a_v_group_avx512_vnni(const float *w, int nh, const int8_t *v, size_t n, size_t d, float *o,
                         const int8_t *pf, size_t pf_n)
 {

@@ -13,6 +13,16 @@
 
 #include "dispatch.h"
 
+/* Helpers whose constant arguments (head counts, block widths, the dot step) must fold: forced
+ * inline so each call site compiles to its own register-blocked loop. */
+#if defined(__GNUC__) || defined(__clang__)
+#define I8A_INLINE static inline __attribute__((always_inline))
+#elif defined(_MSC_VER)
+#define I8A_INLINE static __forceinline
+#else
+#define I8A_INLINE static inline
+#endif
+
 /* Rows whose absmax is below this are stored as zeros with scale 0: below it 127/absmax would
  * leave float range. 2^-100 (7.9e-31) is far below any activation that matters. */
 #define I8A_ABSMAX_MIN 7.88860905e-31f

@@ -14,12 +14,6 @@
 
 #include "common.h"
 
-#if defined(__GNUC__) || defined(__clang__)
-#define I8A_INLINE static inline __attribute__((always_inline))
-#else
-#define I8A_INLINE static inline
-#endif
-
 static int i8a_quantize_row_neon(const float *x, size_t d, int8_t *codes, float *scale)
 {
     float32x4_t vmax = vdupq_n_f32(0.0f);
