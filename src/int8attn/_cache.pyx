@@ -339,9 +339,71 @@ cdef class Int8KVCache:
 
     def reset(self):
         """Forget every token (capacity and buffers are kept)."""
+        self.truncate(0)
+
+    def truncate(self, n):
+        """Keep the first n tokens and forget the rest (rejected speculative tokens): the cache
+        is then exactly as it was after its n-th token was appended. 0 <= n <= len(cache)."""
+        if isinstance(n, bool) or not hasattr(n, "__index__"):
+            raise TypeError(f"n must be an int, got {type(n).__name__}")
+        n = n.__index__()
+        if not 0 <= n <= self._c.len:
+            raise ValueError(f"n must be from 0 to len(cache)={self._c.len}, got {n}")
         self._enter()
-        self._c.len = 0
+        self._c.len = n
         self._busy = False
+
+    # -- save and load --------------------------------------------------------------------
+
+    def state_dict(self):
+        """The cache as a dict of numpy arrays (copies), the content of ``save``'s file:
+
+        ``format`` ("int8attn.Int8KVCache"), ``format_version`` (1), ``n_kv_heads``,
+        ``max_seq``, ``head_dim``, ``length`` (ints); ``k_i8``, ``v_i8`` [Hkv, length, D] int8;
+        ``k_scale``, ``v_scale`` [Hkv, length] float32.
+        """
+        return {
+            "format": _FORMAT, "format_version": _FORMAT_VERSION,
+            "n_kv_heads": int(self._c.hkv), "max_seq": int(self._c.cap),
+            "head_dim": int(self._c.d), "length": int(self._c.len),
+            "k_i8": self.k_i8.copy(), "v_i8": self.v_i8.copy(),
+            "k_scale": self.k_scale.copy(), "v_scale": self.v_scale.copy(),
+        }
+
+    @classmethod
+    def from_state_dict(cls, state, *, max_seq=None):
+        """A cache holding exactly what ``state`` (from ``state_dict``) holds. ``max_seq``
+        defaults to the saved capacity and must be at least the saved length. Raises ValueError
+        naming what is missing, mis-shaped or impossible; nothing is half-loaded."""
+        hkv, cap, d, n, arrays = _check_state(state, max_seq)
+        cdef Int8KVCache cache = cls(hkv, cap, d)
+        cache._k[:, :n] = arrays["k_i8"]
+        cache._v[:, :n] = arrays["v_i8"]
+        cache._ks[:, :n] = arrays["k_scale"]
+        cache._vs[:, :n] = arrays["v_scale"]
+        cache._c.len = n
+        return cache
+
+    def save(self, path):
+        """Write the cache to ``path`` as an uncompressed ``.npz`` (numpy can read it:
+        ``numpy.load(path)`` gives the arrays of ``state_dict``; zip CRCs guard every array)."""
+        state = self.state_dict()
+        with open(path, "wb") as f:
+            np.savez(f, **{k: np.asarray(v) for k, v in state.items()})
+
+    @classmethod
+    def load(cls, path, *, max_seq=None):
+        """A cache from a file written by ``save``. A truncated, corrupted or foreign file
+        raises ValueError (a missing file, OSError)."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                state = {k: z[k] for k in z.files}
+        except OSError:
+            raise
+        except Exception as e:                       # zip, CRC, header and pickle errors
+            raise ValueError(f"{path!s} is not a readable int8attn cache file: "
+                             f"{type(e).__name__}: {e}") from None
+        return cls.from_state_dict(state, max_seq=max_seq)
 
     def append(self, k, v):
         """Quantize and store tokens.
@@ -491,6 +553,55 @@ def _torch_out(t, h, d):
 def _torch_from_numpy(a):
     import torch
     return torch.from_numpy(a)
+
+
+_FORMAT = "int8attn.Int8KVCache"
+_FORMAT_VERSION = 1
+_STATE_INTS = ("n_kv_heads", "max_seq", "head_dim", "length")
+
+
+def _check_state(state, max_seq):
+    """Validate a state dict: returns (hkv, cap, d, length, arrays) or raises ValueError."""
+    if not hasattr(state, "keys"):
+        raise TypeError(f"state must be a dict, got {type(state).__name__}")
+    missing = [k for k in ("format", "format_version", *_STATE_INTS, "k_i8", "v_i8", "k_scale",
+                           "v_scale") if k not in state]
+    if missing:
+        raise ValueError(f"state lacks {', '.join(missing)}: not an int8attn cache")
+    if str(np.asarray(state["format"])) != _FORMAT:
+        raise ValueError(f"state format is {str(np.asarray(state['format']))!r}, expected {_FORMAT!r}")
+    version = int(np.asarray(state["format_version"]))
+    if version != _FORMAT_VERSION:
+        raise ValueError(f"state format_version is {version}; this int8attn reads {_FORMAT_VERSION}")
+    ints = {}
+    for key in _STATE_INTS:
+        value = np.asarray(state[key])
+        if value.shape != () or value.dtype.kind not in "iu":
+            raise ValueError(f"state {key} must be an integer, got {value.dtype} {value.shape}")
+        ints[key] = int(value)
+    hkv, d, n = ints["n_kv_heads"], ints["head_dim"], ints["length"]
+    cap = ints["max_seq"] if max_seq is None else max_seq
+    if isinstance(cap, bool) or not hasattr(cap, "__index__"):
+        raise TypeError(f"max_seq must be an int, got {type(cap).__name__}")
+    cap = cap.__index__()
+    if n < 0 or n > cap:
+        raise ValueError(f"state length {n} does not fit max_seq={cap}")
+    arrays = {}
+    for key, dtype, shape in (("k_i8", np.int8, (hkv, n, d)), ("v_i8", np.int8, (hkv, n, d)),
+                              ("k_scale", np.float32, (hkv, n)), ("v_scale", np.float32, (hkv, n))):
+        a = np.asarray(state[key])
+        if a.dtype != dtype or a.shape != shape:
+            raise ValueError(f"state {key} must be {np.dtype(dtype).name} {list(shape)}, "
+                             f"got {a.dtype} {list(a.shape)}")
+        arrays[key] = a
+    for key in ("k_i8", "v_i8"):
+        if n and arrays[key].min() < -127:
+            raise ValueError(f"state {key} holds -128, which the quantizer never stores")
+    for key in ("k_scale", "v_scale"):
+        s = arrays[key]
+        if not np.all(np.isfinite(s)) or np.any(s < 0):
+            raise ValueError(f"state {key} holds negative or non-finite scales")
+    return hkv, cap, d, n, arrays
 
 
 def _check_out(out, h, d):
