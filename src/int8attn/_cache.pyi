@@ -48,4 +48,7 @@ class Int8KVCache:
         scale: float | None = None,
         q_bits: int = 16,
         out: npt.NDArray[np.float32] | Any | None = None,
+        window: int | None = None,
+        sinks: int = 0,
+        softcap: float | None = None,
     ) -> npt.NDArray[np.float32] | Any: ...

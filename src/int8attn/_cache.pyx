@@ -33,11 +33,17 @@ cdef extern from "_engine.h" nogil:
         size_t hkv, cap, d, len
     int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const float *v,
                    size_t t, size_t *bad)
-    size_t i8a_decode_threads(const i8a_cache *c, size_t h, size_t max_threads)
-    size_t i8a_decode_scratch_size(const i8a_cache *c, size_t h, size_t threads)
-    int i8a_decode(const i8a_kernels *kt, const i8a_cache *c, const float *q, size_t h,
-                   float scale, int q_bits, float *out, void *scratch, size_t threads,
-                   size_t *bad)
+    ctypedef struct i8a_options:
+        float scale
+        int q_bits
+        size_t window, sinks
+        float softcap
+    size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
+                              size_t max_threads)
+    size_t i8a_decode_scratch_size(const i8a_cache *c, size_t t, size_t h,
+                                   const i8a_options *opt, size_t threads)
+    int i8a_decode(const i8a_kernels *kt, const i8a_cache *c, const float *q, size_t t, size_t h,
+                   const i8a_options *opt, float *out, void *scratch, size_t threads, size_t *bad)
     uint64_t i8a_stream_read(const i8a_kernels *kt, const i8a_cache *c, size_t threads)
 
 
@@ -208,6 +214,31 @@ def _aligned_empty(size_t n, dtype):
 def _readonly(arr):
     """A view of arr that numpy will not let anyone make writeable again."""
     return np.frombuffer(memoryview(arr).toreadonly(), dtype=arr.dtype).reshape(arr.shape)
+
+
+cdef i8a_options _default_options():
+    cdef i8a_options opt
+    opt.scale, opt.q_bits, opt.window, opt.sinks, opt.softcap = 1.0, 16, 0, 0, 0.0
+    return opt
+
+
+def _finite_float(value, str name):
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}") from None
+    if not abs(x) <= _FLOAT32_MAX:
+        raise ValueError(f"{name} must be finite in float32, got {value!r}")
+    return x
+
+
+def _nonnegative_int(value, str name):
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    value = value.__index__()
+    if value < 0:
+        raise ValueError(f"{name} must be at least 0, got {value}")
+    return value
 
 
 def _positive_int(value, str name):
@@ -448,93 +479,116 @@ cdef class Int8KVCache:
         finally:
             self._busy = False
 
-    def decode(self, q, *, scale=None, q_bits=16, out=None):
-        """Attention of one query per head over every cached token.
+    def decode(self, q, *, scale=None, q_bits=16, out=None, window=None, sinks=0, softcap=None):
+        """Attention of the queries over the cached tokens.
 
         Parameters
         ----------
-        q : array-like or torch CPU tensor, [H, D]
+        q : array-like or torch CPU tensor, [H, D] or [T, H, D]
             Queries, any real dtype (converted to float32); H a multiple of Hkv. Query head h
-            reads kv head ``h // (H // Hkv)`` (GQA; MQA when Hkv == 1).
+            reads kv head ``h // (H // Hkv)`` (GQA; MQA when Hkv == 1). With T queries they are
+            the last T positions of the cache (1 <= T <= len), causal among themselves: query t
+            sees positions up to ``len - T + t`` (verifying speculative tokens, chunked
+            prefill). Each K/V row is read once for all T queries.
         scale : float, optional
             Softmax scale applied to q.k, default ``1 / sqrt(D)``.
         q_bits : {16, 8}
             16 (default): q as two int8 planes, within 1e-3 of fp32 attention on the dequantized
             cache. 8: a single int8 q, the seed's method (about 1e-2).
         out : numpy.ndarray or torch CPU tensor, optional
-            [H, D] float32 C-contiguous buffer to write into instead of allocating.
+            float32 C-contiguous buffer of q's shape to write into instead of allocating.
+        window : int, optional
+            Each query sees only the last ``window`` positions up to itself (sliding-window
+            layers); the positions it cannot see are not read.
+        sinks : int
+            With a window, the first ``sinks`` positions stay visible too (attention sinks);
+            0 <= sinks <= window.
+        softcap : float, optional
+            Logits become ``softcap * tanh(logit / softcap)`` before the softmax (Gemma 2).
 
         Returns
         -------
-        [H, D] float32: ``out`` when given, else a torch tensor when q is one (sharing memory
-        with the numpy result, no copy), else a numpy.ndarray.
+        float32, q's shape: ``out`` when given, else a torch tensor when q is one (sharing
+        memory with the numpy result, no copy), else a numpy.ndarray.
         """
         if self._c.len == 0:
             raise ValueError("decode on an empty cache: append at least one token first")
         qa = _as_float32(q, "q")
         hkv, d = self._c.hkv, self._c.d
-        if qa.ndim != 2 or qa.shape[1] != d or qa.shape[0] == 0:
-            raise ValueError(f"q must have shape [H, D] with D={d} and H >= 1; got {list(qa.shape)}")
-        h = qa.shape[0]
+        if qa.ndim not in (2, 3) or qa.shape[qa.ndim - 1] != d or 0 in qa.shape:
+            raise ValueError(f"q must have shape [H, D] or [T, H, D] with D={d}, H >= 1, T >= 1; "
+                             f"got {list(qa.shape)}")
+        shape = qa.shape
+        t, h = (1, shape[0]) if qa.ndim == 2 else (shape[0], shape[1])
         if h % hkv != 0:
             raise ValueError(f"q has H={h} query heads, not a multiple of n_kv_heads={hkv}")
+        if t > self._c.len:
+            raise ValueError(f"q holds T={t} query positions but the cache holds {self._c.len} "
+                             f"tokens: the queries must be the last T of them")
         if isinstance(q_bits, bool) or q_bits not in (8, 16):
             raise ValueError(f"q_bits must be 16 or 8, got {q_bits!r}")
-        if scale is None:
-            sm = 1.0 / math.sqrt(d)
-        else:
-            try:
-                sm = float(scale)
-            except (TypeError, ValueError):
-                raise TypeError(f"scale must be a real number, got {type(scale).__name__}") from None
-            if not abs(sm) <= _FLOAT32_MAX:
-                raise ValueError(f"scale must be finite in float32, got {scale!r}")
+        sm = 1.0 / math.sqrt(d) if scale is None else _finite_float(scale, "scale")
+        cdef i8a_options opt
+        opt.scale, opt.q_bits = sm, q_bits
+        opt.window = 0 if window is None else _positive_int(window, "window")
+        opt.sinks = _nonnegative_int(sinks, "sinks")
+        if opt.sinks and window is None:
+            raise ValueError(f"sinks={opt.sinks} needs a window: sinks are the positions kept "
+                             f"visible outside it")
+        if opt.window and opt.sinks > opt.window:
+            raise ValueError(f"sinks must be at most window={opt.window}, got {opt.sinks}")
+        opt.softcap = 0.0
+        if softcap is not None:
+            opt.softcap = _finite_float(softcap, "softcap")
+            if not opt.softcap > 0:
+                raise ValueError(f"softcap must be positive, got {softcap!r}")
         result = out
         if out is None:
-            out = np.empty((h, d), np.float32)
+            out = np.empty(shape, np.float32)
             result = _torch_from_numpy(out) if _is_torch(q) else out
         elif _is_torch(out):
-            out = _torch_out(out, h, d)
+            out = _torch_out(out, shape)
         else:
-            _check_out(out, h, d)
-        cdef size_t threads = i8a_decode_threads(&self._c, h, _threads)
-        cdef size_t need = i8a_decode_scratch_size(&self._c, h, threads)
+            _check_out(out, shape)
+        cdef size_t nt = t, nh = h, bad = 0
+        cdef size_t threads = i8a_decode_threads(&self._c, nt, nh, &opt, _threads)
+        cdef size_t need = i8a_decode_scratch_size(&self._c, nt, nh, &opt, threads)
         if self._scratch is None or self._scratch.shape[0] < need:
             self._scratch = _aligned_empty(need, np.uint8)
-        cdef const float[:, ::1] qmv = np.ascontiguousarray(qa)
-        cdef float[:, ::1] omv = out
+        cdef const float[::1] qmv = np.ascontiguousarray(qa).reshape(-1)
+        cdef float[::1] omv = out.reshape(-1)
         cdef unsigned char[::1] smv = self._scratch
-        cdef size_t nh = h, bad = 0
         cdef int rc
-        cdef float fscale = sm
-        cdef int bits = q_bits
         self._enter()
         try:
             with nogil:
-                rc = i8a_decode(_kt, &self._c, &qmv[0, 0], nh, fscale, bits, &omv[0, 0], &smv[0],
-                                threads, &bad)
+                rc = i8a_decode(_kt, &self._c, &qmv[0], nt, nh, &opt, &omv[0], &smv[0], threads, &bad)
         finally:
             self._busy = False
         if rc != 0:
-            raise ValueError(f"q holds NaN or Inf, or a value beyond float32 range (query head {bad})")
+            where = f"query head {bad % h}" if qa.ndim == 2 else f"position {bad // h}, head {bad % h}"
+            raise ValueError(f"q holds NaN or Inf, or a value beyond float32 range ({where})")
         return result
 
     def _stream_read(self, threads=None):
         """Read every byte a decode reads (codes and scales of all heads and tokens), split over
         threads like a decode, with the best tier's widest loads: the benchmarks' bandwidth
         probe. Returns a checksum. threads defaults to what a decode of H = Hkv would use."""
-        cdef size_t t = i8a_decode_threads(&self._c, self._c.hkv, _threads) if threads is None else threads
+        cdef i8a_options opt = _default_options()
+        cdef size_t t = (i8a_decode_threads(&self._c, 1, self._c.hkv, &opt, _threads)
+                         if threads is None else threads)
         cdef uint64_t x
         with nogil:
             x = i8a_stream_read(&i8a_tiers[0], &self._c, t)
         return x
 
-    def _decode_threads(self, h):
-        """Threads a decode with h query heads would use now."""
-        return i8a_decode_threads(&self._c, h, _threads)
+    def _decode_threads(self, h, t=1):
+        """Threads a decode of t positions of h query heads (no window) would use now."""
+        cdef i8a_options opt = _default_options()
+        return i8a_decode_threads(&self._c, t, h, &opt, _threads)
 
 
-def _torch_out(t, h, d):
+def _torch_out(t, shape):
     """A torch out= tensor as a writable numpy view of its memory, after the same checks."""
     import torch
     if t.device.type != "cpu":
@@ -543,8 +597,8 @@ def _torch_out(t, h, d):
         raise TypeError(f"out must have dtype float32, got {t.dtype}")
     if t.requires_grad:
         raise ValueError("out must not require grad")
-    if tuple(t.shape) != (h, d):
-        raise ValueError(f"out must have shape {[h, d]}, got {list(t.shape)}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"out must have shape {list(shape)}, got {list(t.shape)}")
     if not t.is_contiguous():
         raise ValueError("out must be C-contiguous and writeable")
     return t.numpy()
@@ -604,13 +658,13 @@ def _check_state(state, max_seq):
     return hkv, cap, d, n, arrays
 
 
-def _check_out(out, h, d):
+def _check_out(out, shape):
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out must be a numpy.ndarray or a torch tensor, got {type(out).__name__}")
     if out.dtype != np.float32:
         raise TypeError(f"out must have dtype float32, got {out.dtype}")
-    if out.shape != (h, d):
-        raise ValueError(f"out must have shape {[h, d]}, got {list(out.shape)}")
+    if out.shape != tuple(shape):
+        raise ValueError(f"out must have shape {list(shape)}, got {list(out.shape)}")
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError("out must be C-contiguous and writeable")
 

@@ -1,5 +1,6 @@
 #include "_engine.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -34,53 +35,105 @@ static size_t n_chunks(const i8a_cache *c)
     return (c->len + I8A_CHUNK - 1) / I8A_CHUNK;
 }
 
+/* The positions query tt of t sees, as two half-open ranges in position order: the sinks
+ * [a0, b0) (empty without them) and the window up to the query itself [a1, b1). */
+typedef struct {
+    size_t a0, b0, a1, b1;
+} i8a_visible;
+
+static i8a_visible visible(const i8a_cache *c, size_t t, size_t tt, const i8a_options *opt)
+{
+    const size_t end = c->len - t + tt + 1;                 /* the query's position + 1 */
+    size_t lo = opt->window && end > opt->window ? end - opt->window : 0;
+    i8a_visible v = {0, 0, lo, end};
+    if (opt->sinks >= lo)
+        v.a1 = 0;                                           /* the sinks join the window */
+    else
+        v.b0 = opt->sinks;
+    return v;
+}
+
+/* Chunks any query sees, in order, written to list (when not NULL); returns how many. */
+static size_t visible_chunks(const i8a_cache *c, size_t t, const i8a_options *opt, size_t *list)
+{
+    size_t count = 0;
+    for (size_t k = 0; k < n_chunks(c); k++) {
+        const size_t c0 = k * I8A_CHUNK, c1 = c0 + I8A_CHUNK;
+        int seen = 0;
+        for (size_t tt = 0; tt < t && !seen; tt++) {
+            const i8a_visible v = visible(c, t, tt, opt);
+            seen = (v.a0 < c1 && c0 < v.b0) || (v.a1 < c1 && c0 < v.b1);
+        }
+        if (seen) {
+            if (list)
+                list[count] = k;
+            count++;
+        }
+    }
+    return count;
+}
+
 /* Work per thread below which another thread costs more than it saves, in kv rows of 128
- * dims times (1 + query heads per kv head) / 2 (each head of a GQA group adds a dot and an
+ * dims times (1 + query rows per kv head) / 2 (each query row of a group adds a dot and an
  * accumulation). Measured on the 2-core development VM (avx512_vnni): H = Hkv = 8, D = 128
  * gains from a second thread at 256 tokens (19 -> 15 us) and loses at 128 (10.5 -> 11.4 us). */
 #define I8A_ROWS_PER_THREAD 1024
 
-size_t i8a_decode_threads(const i8a_cache *c, size_t h, size_t max_threads)
+size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
+                          size_t max_threads)
 {
-    const size_t nq = h / c->hkv;
-    const size_t work = c->hkv * c->len * (c->d / 16) * (1 + nq) / 16;
-    size_t t = work / I8A_ROWS_PER_THREAD;
-    t = t < 1 ? 1 : t;
-    t = t < max_threads ? t : max_threads;
-    const size_t items = c->hkv * n_chunks(c);
-    return t < items ? t : items;
+    const size_t rows_per_kv = t * (h / c->hkv);
+    const size_t items = c->hkv * visible_chunks(c, t, opt, NULL);
+    const size_t tokens = items / c->hkv * I8A_CHUNK;       /* an upper bound of rows read */
+    const size_t work = c->hkv * (tokens < c->len ? tokens : c->len) * (c->d / 16)
+                      * (1 + rows_per_kv) / 16;
+    size_t n = work / I8A_ROWS_PER_THREAD;
+    n = n < 1 ? 1 : n;
+    n = n < max_threads ? n : max_threads;
+    return n < items ? n : (items ? items : 1);
 }
 
-/* Scratch layout, every part 64-byte aligned:
- *   q_hi, q_lo [h][d] int8;  c_hi, c_lo [h] float;  residual [d] float;
- *   per kv head: chunks left [hkv] (atomic);
- *   per (kv head, chunk): the chunk's state: o [nq][d], m [nq], l [nq];
- *   per thread: the attend scratch, 2 * nq * I8A_CHUNK floats. */
+/* Scratch layout, every part 64-byte aligned (R = t * nq query rows per kv head):
+ *   q_hi, q_lo [hkv][R][d] int8;  c_hi, c_lo [hkv][R] float;  residual [d] float;
+ *   the visible chunks [nvis] size_t;  chunks left per kv head [hkv] (atomic);
+ *   running max and sum per kv head [hkv][R] float each;
+ *   per (kv head, visible chunk, part): the state of R rows: o [R][d], m [R], l [R]; the part is
+ *     0 for the sinks and 1 for the window when both are on, else 0;
+ *   per thread: the attend scratch, 2 * R * I8A_CHUNK floats. */
 typedef struct {
-    size_t q_lo, c_hi, c_lo, residual, left, states, workers, end;
+    size_t rows, parts, nvis;
+    size_t q_lo, c_hi, c_lo, residual, vis, left, run_m, run_l, states, workers, end;
     size_t state_bytes, worker_bytes;
 } layout;
 
-static layout plan(const i8a_cache *c, size_t h, size_t threads)
+static layout plan(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt, size_t threads)
 {
-    const size_t nq = h / c->hkv, d = c->d, f = sizeof(float);
+    const size_t d = c->d, f = sizeof(float), hkv = c->hkv;
     layout L;
-    L.state_bytes = align64(nq * (d + 2) * f);
-    L.worker_bytes = align64(2 * nq * I8A_CHUNK * f);
-    L.q_lo = align64(h * d);
-    L.c_hi = L.q_lo + align64(h * d);
-    L.c_lo = L.c_hi + align64(h * f);
-    L.residual = L.c_lo + align64(h * f);
-    L.left = L.residual + align64(d * f);
-    L.states = L.left + align64(c->hkv * sizeof(atomic_size_t));
-    L.workers = L.states + c->hkv * n_chunks(c) * L.state_bytes;
+    L.rows = t * (h / hkv);
+    L.parts = opt->window && opt->sinks ? 2 : 1;
+    L.nvis = visible_chunks(c, t, opt, NULL);
+    L.state_bytes = align64(L.rows * (d + 2) * f);
+    L.worker_bytes = align64(2 * L.rows * I8A_CHUNK * f);
+    const size_t qrows = hkv * L.rows;
+    L.q_lo = align64(qrows * d);
+    L.c_hi = L.q_lo + align64(qrows * d);
+    L.c_lo = L.c_hi + align64(qrows * f);
+    L.residual = L.c_lo + align64(qrows * f);
+    L.vis = L.residual + align64(d * f);
+    L.left = L.vis + align64(n_chunks(c) * sizeof(size_t));
+    L.run_m = L.left + align64(hkv * sizeof(atomic_size_t));
+    L.run_l = L.run_m + align64(qrows * f);
+    L.states = L.run_l + align64(qrows * f);
+    L.workers = L.states + hkv * L.nvis * L.parts * L.state_bytes;
     L.end = L.workers + (threads ? threads : 1) * L.worker_bytes;
     return L;
 }
 
-size_t i8a_decode_scratch_size(const i8a_cache *c, size_t h, size_t threads)
+size_t i8a_decode_scratch_size(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
+                               size_t threads)
 {
-    return plan(c, h, threads).end;
+    return plan(c, t, h, opt, threads).end;
 }
 
 /* The two q planes of one query row: q_hi, s_hi quantize q; q_lo, s_lo quantize the residual
@@ -108,96 +161,166 @@ static int prepare_q(const i8a_kernels *kt, const float *q, size_t d, int two_pl
 typedef struct {
     const i8a_kernels *kt;
     const i8a_cache *c;
+    const i8a_options *opt;
     char *base;
     layout L;
-    size_t nq, chunks;
-    int two;
+    size_t t, h, nq;
+    const size_t *vis;
     float *out;
 } decode_job;
 
-static i8a_state state_at(const decode_job *job, size_t g, size_t chunk)
+/* The state of rows [r, r + count) of kv head g, visible chunk vi, part. */
+static i8a_state state_at(const decode_job *job, size_t g, size_t vi, size_t part, size_t r)
 {
-    float *p = (float *)(job->base + job->L.states + (g * job->chunks + chunk) * job->L.state_bytes);
-    const size_t nq = job->nq;
-    i8a_state s = {p + nq * job->c->d, p + nq * job->c->d + nq, p};
+    const size_t slot = (g * job->L.nvis + vi) * job->L.parts + part, rows = job->L.rows;
+    float *p = (float *)(job->base + job->L.states + slot * job->L.state_bytes);
+    i8a_state s = {p + rows * job->c->d + r, p + rows * job->c->d + rows + r, p + r * job->c->d};
     return s;
 }
 
-/* All chunks of kv head g are done: fold them in chunk order, normalize into out. */
-static void finish_head(const decode_job *job, size_t g)
+/* Query rows [r, r + count) of kv head g. */
+static i8a_query query_at(const decode_job *job, size_t g, size_t r, size_t count)
 {
-    const size_t nq = job->nq, d = job->c->d;
-    const i8a_state run = state_at(job, g, 0);
-    for (size_t k = 1; k < job->chunks; k++) {
-        const i8a_state chunk = state_at(job, g, k);
-        job->kt->merge(&run, &chunk, nq, d);
-    }
-    for (size_t j = 0; j < nq; j++) {
-        const float inv = 1.0f / run.l[j];
-        const float *o = run.o + j * d;
-        float *dst = job->out + (g * nq + j) * d;
-        for (size_t i = 0; i < d; i++)
-            dst[i] = o[i] * inv;
-    }
+    const size_t d = job->c->d, row = g * job->L.rows + r;
+    const i8a_query q = {
+        d, count, job->opt->q_bits == 16,
+        (const int8_t *)job->base + row * d,
+        (const int8_t *)job->base + job->L.q_lo + row * d,
+        (const float *)(job->base + job->L.c_hi) + row,
+        (const float *)(job->base + job->L.c_lo) + row,
+        job->opt->softcap,
+        job->opt->softcap > 0.0f ? 1.0f / job->opt->softcap : 0.0f,
+    };
+    return q;
 }
 
-/* Chunk `item` (kv head item / chunks, chunk item % chunks) as a span, without a prefetch hint. */
+/* Positions [a, b) of kv head g as a span (without a prefetch hint). */
+static i8a_span span_rows(const i8a_cache *c, size_t g, size_t a, size_t b)
+{
+    const size_t row = g * c->cap + a, d = c->d;
+    i8a_span span = {c->k + row * d, c->v + row * d, c->ks + row, c->vs + row, b - a, NULL, NULL, 0};
+    return span;
+}
+
+/* Chunk `item` (kv head item / chunks, chunk item % chunks) as a span. */
 static i8a_span span_at(const i8a_cache *c, size_t chunks, size_t item)
 {
     const size_t g = item / chunks, s0 = (item % chunks) * I8A_CHUNK;
-    const size_t row = g * c->cap + s0, d = c->d;
-    i8a_span span = {c->k + row * d, c->v + row * d, c->ks + row, c->vs + row,
-                     c->len - s0 < I8A_CHUNK ? c->len - s0 : I8A_CHUNK, NULL, NULL, 0};
-    return span;
+    return span_rows(c, g, s0, c->len - s0 < I8A_CHUNK ? c->len - s0 : I8A_CHUNK);
+}
+
+/* All chunks of kv head g are done: per query row, fold the states it has in position order
+ * (chunks, and within a chunk the sinks before the window), normalize into out. */
+static void finish_head(const decode_job *job, size_t g)
+{
+    const size_t d = job->c->d, nq = job->nq, rows = job->L.rows;
+    float *rm = (float *)(job->base + job->L.run_m) + g * rows;
+    float *rl = (float *)(job->base + job->L.run_l) + g * rows;
+    for (size_t r = 0; r < rows; r++) {
+        const size_t tt = r / nq, j = r % nq;
+        float *o = job->out + (tt * job->h + g * nq + j) * d;
+        const i8a_state run = {rm + r, rl + r, o};
+        int started = 0;
+        for (size_t vi = 0; vi < job->L.nvis; vi++) {
+            for (size_t part = 0; part < job->L.parts; part++) {
+                const i8a_state st = state_at(job, g, vi, part, r);
+                if (st.m[0] == -INFINITY)
+                    continue;                               /* the row saw nothing here */
+                if (!started) {
+                    rm[r] = st.m[0], rl[r] = st.l[0];
+                    memcpy(o, st.o, d * sizeof(float));
+                    started = 1;
+                } else {
+                    job->kt->merge(&run, &st, 1, d);
+                }
+            }
+        }
+        const float inv = 1.0f / rl[r];
+        for (size_t i = 0; i < d; i++)
+            o[i] = o[i] * inv;
+    }
 }
 
 static void decode_range(void *ctx, size_t begin, size_t end, size_t worker)
 {
     const decode_job *job = (const decode_job *)ctx;
-    const size_t d = job->c->d, nq = job->nq;
+    const i8a_cache *c = job->c;
+    const size_t nq = job->nq, rows = job->L.rows, nvis = job->L.nvis;
     float *scratch = (float *)(job->base + job->L.workers + worker * job->L.worker_bytes);
     for (size_t item = begin; item < end; item++) {
-        const size_t g = item / job->chunks, r0 = g * nq;
-        const i8a_query query = {
-            d, nq, job->two,
-            (const int8_t *)job->base + r0 * d,
-            (const int8_t *)job->base + job->L.q_lo + r0 * d,
-            (const float *)(job->base + job->L.c_hi) + r0,
-            (const float *)(job->base + job->L.c_lo) + r0,
-        };
-        i8a_span span = span_at(job->c, job->chunks, item);
-        if (item + 1 < end) {
-            const i8a_span next = span_at(job->c, job->chunks, item + 1);
-            span.next_k = next.k, span.next_v = next.v, span.next_n = next.n;
+        const size_t g = item / nvis, vi = item % nvis, chunk = job->vis[vi];
+        const size_t c0 = chunk * I8A_CHUNK, c1 = c->len - c0 < I8A_CHUNK ? c->len : c0 + I8A_CHUNK;
+        for (size_t part = 0; part < job->L.parts; part++) {
+            const i8a_state st = state_at(job, g, vi, part, 0);
+            for (size_t r = 0; r < rows; r++)
+                st.m[r] = -INFINITY;                        /* empty until attended */
         }
-        const i8a_state state = state_at(job, g, item % job->chunks);
-        job->kt->attend(&query, &span, scratch, &state);
+        /* the whole chunk for every query: one pass serves all rows */
+        int whole = 1;
+        for (size_t tt = 0; tt < job->t && whole; tt++) {
+            const i8a_visible v = visible(c, job->t, tt, job->opt);
+            whole = v.a1 <= c0 && c1 <= v.b1;
+        }
+        i8a_span next = {0};
+        if (item + 1 < end) {
+            const size_t g2 = (item + 1) / nvis, chunk2 = job->vis[(item + 1) % nvis];
+            next = span_at(c, n_chunks(c), g2 * n_chunks(c) + chunk2);
+        }
+        if (whole) {
+            i8a_span span = span_rows(c, g, c0, c1);
+            span.next_k = next.k, span.next_v = next.v, span.next_n = next.n;
+            const i8a_query q = query_at(job, g, 0, rows);
+            const i8a_state st = state_at(job, g, vi, job->L.parts - 1, 0);
+            job->kt->attend(&q, &span, scratch, &st);
+        } else {
+            for (size_t tt = 0; tt < job->t; tt++) {
+                const i8a_visible v = visible(c, job->t, tt, job->opt);
+                const size_t range[2][2] = {{v.a0, v.b0}, {v.a1, v.b1}};
+                for (size_t k = 0; k < 2; k++) {
+                    const size_t a = range[k][0] > c0 ? range[k][0] : c0;
+                    const size_t b = range[k][1] < c1 ? range[k][1] : c1;
+                    if (a >= b)
+                        continue;
+                    i8a_span span = span_rows(c, g, a, b);
+                    span.next_k = next.k, span.next_v = next.v, span.next_n = next.n;
+                    const i8a_query q = query_at(job, g, tt * nq, nq);
+                    const i8a_state st = state_at(job, g, vi, job->L.parts == 2 ? k : 0, tt * nq);
+                    job->kt->attend(&q, &span, scratch, &st);
+                }
+            }
+        }
         atomic_size_t *left = (atomic_size_t *)(job->base + job->L.left) + g;
         if (atomic_fetch_sub_explicit(left, 1, memory_order_acq_rel) == 1)
             finish_head(job, g);
     }
 }
 
-int i8a_decode(const i8a_kernels *kt, const i8a_cache *c, const float *q, size_t h, float scale,
-               int q_bits, float *out, void *scratch, size_t threads, size_t *bad)
+int i8a_decode(const i8a_kernels *kt, const i8a_cache *c, const float *q, size_t t, size_t h,
+               const i8a_options *opt, float *out, void *scratch, size_t threads, size_t *bad)
 {
-    const size_t d = c->d;
-    decode_job job = {kt, c, (char *)scratch, plan(c, h, threads), h / c->hkv, n_chunks(c),
-                      q_bits == 16, out};
+    const size_t d = c->d, hkv = c->hkv, nq = h / hkv;
+    decode_job job = {kt, c, opt, (char *)scratch, plan(c, t, h, opt, threads), t, h, nq, NULL, out};
     int8_t *q_hi = (int8_t *)job.base, *q_lo = (int8_t *)(job.base + job.L.q_lo);
     float *c_hi = (float *)(job.base + job.L.c_hi), *c_lo = (float *)(job.base + job.L.c_lo);
     float *residual = (float *)(job.base + job.L.residual);
-    for (size_t r = 0; r < h; r++) {
-        if (prepare_q(kt, q + r * d, d, job.two, scale, q_hi + r * d, q_lo + r * d, c_hi + r,
-                      c_lo + r, residual) != 0) {
-            *bad = r;
-            return 1;
+    /* q rows in the order of the kernels: kv head, then query position, then head of the group */
+    for (size_t tt = 0; tt < t; tt++) {
+        for (size_t head = 0; head < h; head++) {
+            const size_t g = head / nq, r = g * job.L.rows + tt * nq + head % nq;
+            if (prepare_q(kt, q + (tt * h + head) * d, d, opt->q_bits == 16, opt->scale,
+                          q_hi + r * d, q_lo + r * d, c_hi + r, c_lo + r, residual) != 0) {
+                *bad = tt * h + head;
+                return 1;
+            }
         }
     }
+    size_t *vis = (size_t *)(job.base + job.L.vis);
+    visible_chunks(c, t, opt, vis);
+    job.vis = vis;
     atomic_size_t *left = (atomic_size_t *)(job.base + job.L.left);
-    for (size_t g = 0; g < c->hkv; g++)
-        atomic_init(left + g, job.chunks);
-    i8a_pool_run(c->hkv * job.chunks, threads, decode_range, &job);
+    for (size_t g = 0; g < hkv; g++)
+        atomic_init(left + g, job.L.nvis);
+    i8a_pool_run(hkv * job.L.nvis, threads, decode_range, &job);
     return 0;
 }
 

@@ -22,19 +22,33 @@ typedef struct {
 int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const float *v,
                size_t t, size_t *bad);
 
-/* Threads worth using for a decode of h query heads over the cache: at most max_threads, fewer
- * when the context is too short to pay for waking another thread. */
-size_t i8a_decode_threads(const i8a_cache *c, size_t h, size_t max_threads);
+/* What a decode computes beyond q: the softmax scale, q precision, and which positions each
+ * query sees. Query t of T sits at position len - T + t and sees the positions up to itself
+ * (causal); with a window W, only the last W of them, plus the first `sinks` positions. */
+typedef struct {
+    float scale;        /* softmax scale */
+    int q_bits;         /* 16 (two int8 planes) or 8 */
+    size_t window;      /* 0: no window */
+    size_t sinks;       /* positions that stay visible under a window (0 without one) */
+    float softcap;      /* > 0: logits become softcap * tanh(logit / softcap); 0: off */
+} i8a_options;
+
+/* Threads worth using for a decode of t queries of h heads: at most max_threads, fewer when
+ * the tokens it reads are too few to pay for waking another thread. */
+size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
+                          size_t max_threads);
 
 /* Bytes of scratch that i8a_decode needs (the caller aligns it to 64 bytes). */
-size_t i8a_decode_scratch_size(const i8a_cache *c, size_t h, size_t threads);
+size_t i8a_decode_scratch_size(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
+                               size_t threads);
 
-/* out[h][d] = attention of q[h][d] over the len >= 1 cached tokens; query head r reads kv head
- * r / (h / hkv). q_bits is 8 or 16. The work is split into (kv head, chunk) items run on up to
- * `threads` threads; chunk results merge in chunk order, so the output does not depend on the
- * thread count. Returns 0, or 1 when q row *bad holds a NaN or an Inf (out is then untouched). */
-int i8a_decode(const i8a_kernels *kt, const i8a_cache *c, const float *q, size_t h, float scale,
-               int q_bits, float *out, void *scratch, size_t threads, size_t *bad);
+/* out[t][h][d] = attention of q[t][h][d] over the cache (1 <= t <= len), query head r reading kv
+ * head r / (h / hkv). The work splits into (kv head, chunk) items over up to `threads` threads;
+ * each K/V row is read once for all t queries of a kv head, and chunks a query cannot see are
+ * not read. Results merge in position order, so the output does not depend on the thread
+ * count. Returns 0, or 1 when q row *bad ([t * h + head]) holds a NaN or an Inf (out untouched). */
+int i8a_decode(const i8a_kernels *kt, const i8a_cache *c, const float *q, size_t t, size_t h,
+               const i8a_options *opt, float *out, void *scratch, size_t threads, size_t *bad);
 
 /* Read every byte a decode of the whole cache reads (K and V codes and scales of every kv head
  * and token), split over `threads` threads like a decode: the bandwidth probe of the benchmarks.

@@ -2,7 +2,9 @@
 
 - :func:`quantize_rows`: the cache's row quantizer, bit for bit.
 - :func:`q_planes`: the int8 planes decode makes of q (one for ``q_bits=8``, two for 16).
-- :func:`attention`: attention of float q over float K/V (float64 inside), the accuracy reference.
+- :func:`attention`: attention of float q over float K/V (float64 inside), the accuracy reference,
+  with the decode options (several query positions, window, sinks, softcap); :func:`visible`
+  says which positions each query sees.
 - :func:`emulate`: the kernel's method, exactly where it rounds to integers (int8 q planes, exact
   integer dots) and in float64 everywhere else: what the kernel computes, minus its f32 rounding.
 """
@@ -58,18 +60,38 @@ def _expand(x, h):
     return np.repeat(x, h // x.shape[1], axis=1)
 
 
-def attention(q, k, v, *, scale=None):
-    """Attention of q [H, D] over k, v [S, Hkv, D] (GQA by head index), float64 inside.
+def visible(length, t, *, window=None, sinks=0):
+    """[t, length] bool: which positions each of the last t query positions sees (causal; with a
+    window, the last `window` positions up to itself and the first `sinks`)."""
+    pos = length - t + np.arange(t)[:, None]
+    s = np.arange(length)[None, :]
+    seen = s <= pos
+    if window is not None:
+        seen &= (s > pos - window) | (s < sinks)
+    return seen
 
-    Returns [H, D] float32. ``scale`` defaults to 1/sqrt(D).
-    """
+
+def attention(q, k, v, *, scale=None, window=None, sinks=0, softcap=None):
+    """Attention of q [H, D] or [T, H, D] over k, v [S, Hkv, D] (GQA by head index), float64
+    inside. With T queries they are the last T positions, causal among themselves; ``window``,
+    ``sinks`` and ``softcap`` as in ``Int8KVCache.decode``. Returns q's shape, float32."""
     q = np.asarray(q, dtype=np.float64)
-    h, d = q.shape
+    single = q.ndim == 2
+    q = q[None] if single else q
+    t, h, d = q.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     k = _expand(np.asarray(k, dtype=np.float64), h)
     v = _expand(np.asarray(v, dtype=np.float64), h)
-    logits = np.einsum("hd,shd->hs", q, k) * scale
-    return _softmax_attend(logits, v).astype(np.float32)
+    logits = np.einsum("thd,shd->ths", q, k) * scale
+    if softcap is not None:
+        logits = softcap * np.tanh(logits / softcap)
+    seen = visible(k.shape[0], t, window=window, sinks=sinks)
+    logits = np.where(seen[:, None, :], logits, -np.inf)
+    logits -= logits.max(axis=2, keepdims=True)
+    p = np.exp(logits)
+    p /= p.sum(axis=2, keepdims=True)
+    out = np.einsum("ths,shd->thd", p, v).astype(np.float32)
+    return out[0] if single else out
 
 
 def emulate(q, cache, *, scale=None, q_bits=16):

@@ -137,6 +137,16 @@ static inline __m256 i8a_exp8_avx2(__m256 x)
     return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y), e));
 }
 
+/* i8a_softcap on 8 lanes (t >= +0, so the sign of u is or-ed in). */
+static inline __m256 i8a_softcap8_avx2(__m256 l, float cap, float inv_cap)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    const __m256 u = _mm256_mul_ps(l, _mm256_set1_ps(inv_cap));
+    const __m256 e = i8a_exp8_avx2(_mm256_mul_ps(_mm256_andnot_ps(sign, u), _mm256_set1_ps(-2.0f)));
+    const __m256 t = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+    return _mm256_mul_ps(_mm256_set1_ps(cap), _mm256_or_ps(t, _mm256_and_ps(u, sign)));
+}
+
 /* p[s] = exp(p[s] - m) for s < n (in place, padding to a multiple of 16 left as zeros);
  * returns the 16-lane sum of common.h. */
 static inline float i8a_softmax_avx2(float *p, size_t n, float m)
@@ -233,7 +243,8 @@ static inline void i8a_kdots_avx2(const i8a_query *q, const i8a_span *kv, int32_
 
 /* p[s] = i8a_logit(dh[s], dl[s], ...) for s < n, eight at a time; returns max_s p[s]. */
 static inline float i8a_logits_avx2(const int32_t *dh, const int32_t *dl, float c_hi, float c_lo,
-                                    int two, const float *ks, size_t n, float *p)
+                                    int two, float cap, float inv_cap, const float *ks, size_t n,
+                                    float *p)
 {
     const __m256 ch = _mm256_set1_ps(c_hi), cl = _mm256_set1_ps(c_lo);
     __m256 vmax = _mm256_set1_ps(-FLT_MAX);
@@ -243,12 +254,16 @@ static inline float i8a_logits_avx2(const int32_t *dh, const int32_t *dl, float 
         if (two)
             lg = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_load_si256((const __m256i *)(dl + s))), cl, lg);
         lg = _mm256_mul_ps(lg, _mm256_loadu_ps(ks + s));
+        if (cap > 0.0f)
+            lg = i8a_softcap8_avx2(lg, cap, inv_cap);
         _mm256_store_ps(p + s, lg);
         vmax = _mm256_max_ps(vmax, lg);
     }
     float m = i8a_hmax8_avx2(vmax);
     for (; s < n; s++) {
         p[s] = i8a_logit(dh[s], two ? dl[s] : 0, c_hi, c_lo, two, ks[s]);
+        if (cap > 0.0f)
+            p[s] = i8a_softcap(p[s], cap, inv_cap);
         m = p[s] > m ? p[s] : m;
     }
     return m;
@@ -322,7 +337,7 @@ static void i8a_attend_avx2(const i8a_query *q, const i8a_span *kv, float *scrat
         float *p = scratch + j * I8A_CHUNK;
         const float m = i8a_logits_avx2(dh + j * I8A_CHUNK, dl + j * I8A_CHUNK, q->c_hi[j],
                                         q->two_planes ? q->c_lo[j] : 0.0f, q->two_planes,
-                                        kv->ks, n, p);
+                                        q->softcap, q->inv_softcap, kv->ks, n, p);
         for (size_t s = n; s < i8a_round16(n); s++)
             p[s] = 0.0f;
         out->m[j] = m;

@@ -153,24 +153,6 @@ static inline void i8a_kdots_avx512_vnni(const i8a_query *q, const i8a_span *kv,
     }
 }
 
-/* p[s] = i8a_logit(dh[s], dl[s], ...) for s < n, sixteen at a time; returns max_s p[s]. */
-static inline float i8a_logits_avx512_vnni(const int32_t *dh, const int32_t *dl, float c_hi,
-                                           float c_lo, int two, const float *ks, size_t n, float *p)
-{
-    const __m512 ch = _mm512_set1_ps(c_hi), cl = _mm512_set1_ps(c_lo);
-    __m512 vmax = _mm512_set1_ps(-FLT_MAX);
-    for (size_t s = 0; s < n; s += 16) {
-        const __mmask16 live = n - s >= 16 ? 0xffff : (__mmask16)((1u << (n - s)) - 1);
-        __m512 lg = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)(dh + s))), ch);
-        if (two)
-            lg = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)(dl + s))), cl, lg);
-        lg = _mm512_mul_ps(lg, _mm512_maskz_loadu_ps(live, ks + s));
-        _mm512_store_ps(p + s, lg);
-        vmax = _mm512_mask_max_ps(vmax, live, vmax, lg);
-    }
-    return _mm512_reduce_max_ps(vmax);
-}
-
 /* exp of 16 lanes, the operations of i8a_exp_scalar. */
 static inline __m512 i8a_exp16_avx512_vnni(__m512 x)
 {
@@ -190,6 +172,39 @@ static inline __m512 i8a_exp16_avx512_vnni(__m512 x)
     y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
     __m512i e = _mm512_slli_epi32(_mm512_cvttps_epi32(n), 23);
     return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(y), e));
+}
+
+/* i8a_softcap on 16 lanes (t >= +0, so the sign of u is or-ed in). */
+static inline __m512 i8a_softcap16_avx512_vnni(__m512 l, float cap, float inv_cap)
+{
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 u = _mm512_mul_ps(l, _mm512_set1_ps(inv_cap));
+    const __m512 e = i8a_exp16_avx512_vnni(_mm512_mul_ps(_mm512_abs_ps(u), _mm512_set1_ps(-2.0f)));
+    const __m512 t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+    const __m512i st = _mm512_or_si512(_mm512_castps_si512(t), _mm512_and_si512(_mm512_castps_si512(u), sign));
+    return _mm512_mul_ps(_mm512_set1_ps(cap), _mm512_castsi512_ps(st));
+}
+
+/* p[s] = i8a_logit(dh[s], dl[s], ...) for s < n, sixteen at a time; returns max_s p[s]. */
+static inline float i8a_logits_avx512_vnni(const int32_t *dh, const int32_t *dl, float c_hi,
+                                           float c_lo, int two, float cap, float inv_cap,
+                                           const float *ks, size_t n, float *p)
+{
+    const __m512 ch = _mm512_set1_ps(c_hi), cl = _mm512_set1_ps(c_lo);
+    __m512 vmax = _mm512_set1_ps(-FLT_MAX);
+    for (size_t s = 0; s < n; s += 16) {
+        const __mmask16 live = n - s >= 16 ? 0xffff : (__mmask16)((1u << (n - s)) - 1);
+        __m512 lg = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)(dh + s))), ch);
+        if (two)
+            lg = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)(dl + s))), cl, lg);
+        lg = _mm512_mul_ps(lg, _mm512_maskz_loadu_ps(live, ks + s));
+        if (cap > 0.0f)
+            lg = i8a_softcap16_avx512_vnni(lg, cap, inv_cap);
+        _mm512_store_ps(p + s, lg);
+        vmax = _mm512_mask_max_ps(vmax, live, vmax, lg);
+    }
+    return _mm512_reduce_max_ps(vmax);
 }
 
 /* p[s] = exp(p[s] - m) * vs[s] for s < n (zeros up to a multiple of 16); returns the 16-lane
@@ -320,7 +335,7 @@ static void i8a_attend_avx512_vnni(const i8a_query *q, const i8a_span *kv, float
         float *p = scratch + j * I8A_CHUNK;
         const float m = i8a_logits_avx512_vnni(dh + j * I8A_CHUNK, dl + j * I8A_CHUNK, q->c_hi[j],
                                                q->two_planes ? q->c_lo[j] : 0.0f, q->two_planes,
-                                               kv->ks, n, p);
+                                               q->softcap, q->inv_softcap, kv->ks, n, p);
         out->m[j] = m;
         out->l[j] = i8a_softmax_avx512_vnni(p, kv->vs, n, m);
     }

@@ -133,6 +133,17 @@ static inline float i8a_logit(int32_t dh, int32_t dl, float c_hi, float c_lo, in
     return (two ? fmaf((float)dl, c_lo, hi) : hi) * ks;
 }
 
+/* The logit soft cap (Gemma 2): cap * tanh(logit / cap), tanh from the contract's exp:
+ *   u = logit * inv_cap;  e = exp(|u| * -2);  t = (1 - e) / (1 + e);  t takes u's sign;
+ *   result = cap * t.  Every tier does these operations in this order. */
+static inline float i8a_softcap(float logit, float cap, float inv_cap)
+{
+    const float u = logit * inv_cap;
+    const float e = i8a_exp_scalar(fabsf(u) * -2.0f);
+    const float t = (1.0f - e) / (1.0f + e);
+    return cap * copysignf(t, u);
+}
+
 /* The scalar part of merging a chunk's state into the running one, for query head j: updates
  * m and l and returns the factors for o: o = o * a + chunk_o * b (the product by b fused). */
 static inline void i8a_merge_head(const i8a_state *run, const i8a_state *chunk, size_t j,

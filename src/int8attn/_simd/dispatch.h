@@ -15,7 +15,8 @@
 #define I8A_CHUNK 256
 #define I8A_MAX_HEAD_DIM 1024
 
-/* Query side of one GQA group: nq query heads that read the same kv head. */
+/* Query side of one GQA group: nq query rows that read the same kv head (the heads of the
+ * group, for one or more query positions). */
 typedef struct {
     size_t d;            /* head dim: multiple of 16, 16..1024 */
     size_t nq;           /* query heads in the group, >= 1 */
@@ -24,6 +25,8 @@ typedef struct {
     const int8_t *q_lo;  /* [nq][d], read only when two_planes */
     const float *c_hi;   /* [nq] plane scale * softmax scale */
     const float *c_lo;   /* [nq], read only when two_planes */
+    float softcap;       /* > 0: logits become softcap * tanh(logit / softcap); 0: off */
+    float inv_softcap;   /* 1 / softcap */
 } i8a_query;
 
 /* One chunk of one kv head's history: rows s0 .. s0+n-1, pointers at row s0; and where the

@@ -101,6 +101,17 @@ I8A_INLINE float32x4_t i8a_exp4_neon(float32x4_t x)
     return vreinterpretq_f32_s32(vaddq_s32(vreinterpretq_s32_f32(y), e));
 }
 
+/* i8a_softcap on 4 lanes (t >= +0, so the sign of u is or-ed in). */
+I8A_INLINE float32x4_t i8a_softcap4_neon(float32x4_t l, float cap, float inv_cap)
+{
+    const float32x4_t one = vdupq_n_f32(1.0f);
+    const float32x4_t u = vmulq_n_f32(l, inv_cap);
+    const float32x4_t e = i8a_exp4_neon(vmulq_n_f32(vabsq_f32(u), -2.0f));
+    const float32x4_t t = vdivq_f32(vsubq_f32(one, e), vaddq_f32(one, e));
+    const uint32x4_t sign = vandq_u32(vreinterpretq_u32_f32(u), vdupq_n_u32(0x80000000u));
+    return vmulq_n_f32(vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(t), sign)), cap);
+}
+
 /* p[s] = exp(p[s] - m) for s < n (in place, padding to a multiple of 16 left as zeros);
  * returns the 16-lane sum of common.h. */
 I8A_INLINE float i8a_softmax_neon(float *p, size_t n, float m)
@@ -166,7 +177,8 @@ I8A_INLINE void i8a_kdots_neon_with(i8a_dot16_neon_fn dot16, const i8a_query *q,
 
 /* p[s] = i8a_logit(dh[s], dl[s], ...) for s < n, four at a time; returns max_s p[s]. */
 I8A_INLINE float i8a_logits_neon(const int32_t *dh, const int32_t *dl, float c_hi, float c_lo,
-                                 int two, const float *ks, size_t n, float *p)
+                                 int two, float cap, float inv_cap, const float *ks, size_t n,
+                                 float *p)
 {
     float32x4_t vmax = vdupq_n_f32(-FLT_MAX);
     size_t s = 0;
@@ -175,12 +187,16 @@ I8A_INLINE float i8a_logits_neon(const int32_t *dh, const int32_t *dl, float c_h
         if (two)
             lg = vfmaq_n_f32(lg, vcvtq_f32_s32(vld1q_s32(dl + s)), c_lo);
         lg = vmulq_f32(lg, vld1q_f32(ks + s));
+        if (cap > 0.0f)
+            lg = i8a_softcap4_neon(lg, cap, inv_cap);
         vst1q_f32(p + s, lg);
         vmax = vmaxq_f32(vmax, lg);
     }
     float m = vmaxvq_f32(vmax);
     for (; s < n; s++) {
         p[s] = i8a_logit(dh[s], two ? dl[s] : 0, c_hi, c_lo, two, ks[s]);
+        if (cap > 0.0f)
+            p[s] = i8a_softcap(p[s], cap, inv_cap);
         m = p[s] > m ? p[s] : m;
     }
     return m;
@@ -248,7 +264,7 @@ I8A_INLINE void i8a_attend_neon_with(i8a_dot16_neon_fn dot16, const i8a_query *q
         float *p = scratch + j * I8A_CHUNK;
         const float m = i8a_logits_neon(dh + j * I8A_CHUNK, dl + j * I8A_CHUNK, q->c_hi[j],
                                         q->two_planes ? q->c_lo[j] : 0.0f, q->two_planes,
-                                        kv->ks, n, p);
+                                        q->softcap, q->inv_softcap, kv->ks, n, p);
         for (size_t s = n; s < i8a_round16(n); s++)
             p[s] = 0.0f;
         out->m[j] = m;
