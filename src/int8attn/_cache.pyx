@@ -20,6 +20,7 @@ cdef extern from "_simd/dispatch.h" nogil:
         unsigned requires
         int (*quantize_row)(const float *x, size_t d, int8_t *codes, float *scale) noexcept nogil
         void (*dots)(const int8_t *q, const int8_t *k, size_t n, size_t d, int32_t *out) noexcept nogil
+        void (*rotate)(float *x, size_t d, const float *sign, int inverse) noexcept nogil
     const i8a_kernels i8a_tiers[]
     unsigned i8a_cpu_features()
 
@@ -31,6 +32,7 @@ cdef extern from "_engine.h" nogil:
         float *ks
         float *vs
         size_t hkv, cap, d, len
+        const float *sign
     int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const float *v,
                    size_t t, size_t *bad)
     ctypedef struct i8a_options:
@@ -60,6 +62,7 @@ cdef const i8a_kernels *_kt = NULL
 cdef dict _tier_index = {}
 
 _ENV_VARS = ("INT8ATTN_ISA", "CA_CPU_ISA")
+DEFAULT_ROTATE = False
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -267,6 +270,14 @@ cdef class Int8KVCache:
         Capacity in tokens, >= 1.
     head_dim : int
         Head dimension D: a multiple of 16, at most 1024.
+    rotate : bool
+        Store K and V rotated by a fixed random-sign Walsh-Hadamard transform (orthonormal,
+        block-diagonal over the largest power-of-two block dividing D), and rotate q and the
+        output to match: attention is unchanged, while outlier channels of K no longer set
+        every row's scale. ``k_i8``/``v_i8`` then hold the rotated codes; ``dequantize``
+        returns the un-rotated values.
+    rotation_seed : int
+        Seed of the rotation's signs (0 .. 2**64 - 1).
 
     Notes
     -----
@@ -280,8 +291,11 @@ cdef class Int8KVCache:
     cdef object _k_ro, _v_ro, _ks_ro, _vs_ro  # read-only views of the whole buffers
     cdef object _scratch
     cdef bint _busy
+    cdef object _sign                         # [D] float32 +-1 of the rotation, or None
+    cdef readonly bint rotate
+    cdef readonly object rotation_seed
 
-    def __cinit__(self, n_kv_heads, max_seq, head_dim):
+    def __cinit__(self, n_kv_heads, max_seq, head_dim, *, rotate=DEFAULT_ROTATE, rotation_seed=0):
         hkv = _positive_int(n_kv_heads, "n_kv_heads")
         cap = _positive_int(max_seq, "max_seq")
         d = _positive_int(head_dim, "head_dim")
@@ -302,6 +316,21 @@ cdef class Int8KVCache:
         self._c.hkv, self._c.cap, self._c.d, self._c.len = hkv, cap, d, 0
         self._scratch = None
         self._busy = False
+        if not isinstance(rotate, bool):
+            raise TypeError(f"rotate must be True or False, got {type(rotate).__name__}")
+        seed = _nonnegative_int(rotation_seed, "rotation_seed")
+        if seed >= 1 << 64:
+            raise ValueError(f"rotation_seed must be below 2**64, got {seed}")
+        self.rotate, self.rotation_seed = rotate, seed
+        self._sign = None
+        self._c.sign = NULL
+        cdef float[::1] sm
+        if rotate:
+            from .reference import rotation_signs
+            self._sign = _aligned_empty(d, np.float32)
+            self._sign[:] = rotation_signs(d, seed)
+            sm = self._sign
+            self._c.sign = &sm[0]
 
     # -- shape and size -------------------------------------------------------------------
 
@@ -330,7 +359,7 @@ cdef class Int8KVCache:
 
     def __repr__(self):
         return (f"Int8KVCache(n_kv_heads={self._c.hkv}, max_seq={self._c.cap}, "
-                f"head_dim={self._c.d}) holding {self._c.len} tokens")
+                f"head_dim={self._c.d}, rotate={self.rotate}) holding {self._c.len} tokens")
 
     # -- the stored history ---------------------------------------------------------------
 
@@ -355,10 +384,15 @@ cdef class Int8KVCache:
         return self._vs_ro[:, :self._c.len]
 
     def dequantize(self):
-        """The stored history as floats: ``(k, v)``, each [len, Hkv, D] float32 (code * scale)."""
+        """The stored history as floats: ``(k, v)``, each [len, Hkv, D] float32 (code * scale,
+        rotated back when the cache rotates)."""
         n = self._c.len
         k = self._k[:, :n].astype(np.float32) * self._ks[:, :n, None]
         v = self._v[:, :n].astype(np.float32) * self._vs[:, :n, None]
+        if self.rotate:
+            from .reference import rotate
+            k = rotate(k, self._sign, inverse=True).astype(np.float32)
+            v = rotate(v, self._sign, inverse=True).astype(np.float32)
         return np.ascontiguousarray(k.transpose(1, 0, 2)), np.ascontiguousarray(v.transpose(1, 0, 2))
 
     # -- operations -----------------------------------------------------------------------
@@ -390,13 +424,16 @@ cdef class Int8KVCache:
         """The cache as a dict of numpy arrays (copies), the content of ``save``'s file:
 
         ``format`` ("int8attn.Int8KVCache"), ``format_version`` (1), ``n_kv_heads``,
-        ``max_seq``, ``head_dim``, ``length`` (ints); ``k_i8``, ``v_i8`` [Hkv, length, D] int8;
-        ``k_scale``, ``v_scale`` [Hkv, length] float32.
+        ``max_seq``, ``head_dim``, ``length`` (ints); ``rotate`` (bool), ``rotation_seed`` and
+        ``rotation_block`` (ints); ``k_i8``, ``v_i8`` [Hkv, length, D] int8 (rotated codes when
+        the cache rotates); ``k_scale``, ``v_scale`` [Hkv, length] float32.
         """
         return {
             "format": _FORMAT, "format_version": _FORMAT_VERSION,
             "n_kv_heads": int(self._c.hkv), "max_seq": int(self._c.cap),
             "head_dim": int(self._c.d), "length": int(self._c.len),
+            "rotate": bool(self.rotate), "rotation_seed": int(self.rotation_seed),
+            "rotation_block": int(self._c.d & -self._c.d) if self.rotate else 0,
             "k_i8": self.k_i8.copy(), "v_i8": self.v_i8.copy(),
             "k_scale": self.k_scale.copy(), "v_scale": self.v_scale.copy(),
         }
@@ -406,8 +443,8 @@ cdef class Int8KVCache:
         """A cache holding exactly what ``state`` (from ``state_dict``) holds. ``max_seq``
         defaults to the saved capacity and must be at least the saved length. Raises ValueError
         naming what is missing, mis-shaped or impossible; nothing is half-loaded."""
-        hkv, cap, d, n, arrays = _check_state(state, max_seq)
-        cdef Int8KVCache cache = cls(hkv, cap, d)
+        hkv, cap, d, n, arrays, rotate, seed = _check_state(state, max_seq)
+        cdef Int8KVCache cache = cls(hkv, cap, d, rotate=rotate, rotation_seed=seed)
         cache._k[:, :n] = arrays["k_i8"]
         cache._v[:, :n] = arrays["v_i8"]
         cache._ks[:, :n] = arrays["k_scale"]
@@ -655,7 +692,14 @@ def _check_state(state, max_seq):
         s = arrays[key]
         if not np.all(np.isfinite(s)) or np.any(s < 0):
             raise ValueError(f"state {key} holds negative or non-finite scales")
-    return hkv, cap, d, n, arrays
+    # the rotation (absent from files written before it existed: none)
+    rotate = bool(np.asarray(state.get("rotate", False)))
+    seed = int(np.asarray(state.get("rotation_seed", 0)))
+    block = int(np.asarray(state.get("rotation_block", 0)))
+    if rotate and (block != d & -d or not 0 <= seed < 1 << 64):
+        raise ValueError(f"state rotation does not match this int8attn: block {block} and seed "
+                         f"{seed} for head_dim {d} (expected block {d & -d})")
+    return hkv, cap, d, n, arrays, rotate, seed
 
 
 def _check_out(out, shape):
@@ -697,6 +741,19 @@ def _dots(q, k):
     cdef int32_t[::1] om = out
     if km.shape[0]:
         _kt.dots(&qm[0], &km[0, 0], km.shape[0], qm.shape[0], &om[0])
+    return out
+
+
+def _rotate(x, sign, inverse=False):
+    """The active tier's rotation of each row of x [n, d] float32 (a copy)."""
+    out = np.array(x, dtype=np.float32, order="C", copy=True)
+    cdef float[:, ::1] xm = out
+    cdef const float[::1] sm = np.ascontiguousarray(sign, dtype=np.float32)
+    if xm.shape[1] != sm.shape[0] or xm.shape[1] % 16 or xm.shape[1] > I8A_MAX_HEAD_DIM:
+        raise ValueError("x [n, d] and sign [d] need the same d, a multiple of 16 up to 1024")
+    cdef Py_ssize_t r
+    for r in range(xm.shape[0]):
+        _kt.rotate(&xm[r, 0], xm.shape[1], &sm[0], 1 if inverse else 0)
     return out
 
 

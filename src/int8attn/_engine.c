@@ -6,18 +6,31 @@
 
 #include "_pool.h"
 
+/* x itself, or (with a rotation) its rotated copy in tmp. */
+static const float *maybe_rotated(const i8a_kernels *kt, const i8a_cache *c, const float *x,
+                                  float *tmp)
+{
+    if (!c->sign)
+        return x;
+    memcpy(tmp, x, c->d * sizeof(float));
+    kt->rotate(tmp, c->d, c->sign, 0);
+    return tmp;
+}
+
 int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const float *v,
                size_t t, size_t *bad)
 {
     const size_t d = c->d;
+    float tmp[I8A_MAX_HEAD_DIM];
     for (size_t r = 0; r < t * c->hkv; r++) {
         const size_t tok = r / c->hkv, head = r % c->hkv;
         const size_t row = head * c->cap + c->len + tok;
-        if (kt->quantize_row(k + r * d, d, c->k + row * d, c->ks + row) != 0) {
+        /* a NaN or an Inf stays one through the rotation, so the check still names this row */
+        if (kt->quantize_row(maybe_rotated(kt, c, k + r * d, tmp), d, c->k + row * d, c->ks + row) != 0) {
             *bad = r;
             return 1;
         }
-        if (kt->quantize_row(v + r * d, d, c->v + row * d, c->vs + row) != 0) {
+        if (kt->quantize_row(maybe_rotated(kt, c, v + r * d, tmp), d, c->v + row * d, c->vs + row) != 0) {
             *bad = r;
             return 2;
         }
@@ -238,6 +251,8 @@ static void finish_head(const decode_job *job, size_t g)
         const float inv = 1.0f / rl[r];
         for (size_t i = 0; i < d; i++)
             o[i] = o[i] * inv;
+        if (job->c->sign)
+            job->kt->rotate(o, d, job->c->sign, 1);         /* back from the rotated space */
     }
 }
 
@@ -307,8 +322,10 @@ int i8a_decode(const i8a_kernels *kt, const i8a_cache *c, const float *q, size_t
     for (size_t tt = 0; tt < t; tt++) {
         for (size_t head = 0; head < h; head++) {
             const size_t g = head / nq, r = g * job.L.rows + tt * nq + head % nq;
-            if (prepare_q(kt, q + (tt * h + head) * d, d, opt->q_bits == 16, opt->scale,
-                          q_hi + r * d, q_lo + r * d, c_hi + r, c_lo + r, residual) != 0) {
+            float tmp[I8A_MAX_HEAD_DIM];
+            const float *qrow = maybe_rotated(kt, c, q + (tt * h + head) * d, tmp);
+            if (prepare_q(kt, qrow, d, opt->q_bits == 16, opt->scale, q_hi + r * d, q_lo + r * d,
+                          c_hi + r, c_lo + r, residual) != 0) {
                 *bad = tt * h + head;
                 return 1;
             }

@@ -9,11 +9,14 @@
 
 #include "_simd/dispatch.h"
 
-/* The cache buffers, head-major: k[h][cap][d] int8, ks[h][cap] float; the same for v. */
+/* The cache buffers, head-major: k[h][cap][d] int8, ks[h][cap] float; the same for v. With a
+ * rotation (sign != NULL) K and V rows are stored rotated, q is rotated before the dots and
+ * the output rotated back: (Rq).(Rk) = q.k and R^T sum p (R v) = sum p v. */
 typedef struct {
     int8_t *k, *v;
     float *ks, *vs;
     size_t hkv, cap, d, len;
+    const float *sign;          /* [d] +-1 of the random-sign Hadamard rotation, or NULL */
 } i8a_cache;
 
 /* Quantize t tokens, k and v each [t][hkv][d] float32, into rows len .. len+t-1 (len itself is

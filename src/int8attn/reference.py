@@ -1,6 +1,7 @@
 """NumPy references for int8attn, used by the tests and the benchmarks.
 
 - :func:`quantize_rows`: the cache's row quantizer, bit for bit.
+- :func:`rotate`, :func:`rotation_signs`, :func:`rotation_block`: the cache's rotation.
 - :func:`q_planes`: the int8 planes decode makes of q (one for ``q_bits=8``, two for 16).
 - :func:`attention`: attention of float q over float K/V (float64 inside), the accuracy reference,
   with the decode options (several query positions, window, sinks, softcap); :func:`visible`
@@ -32,6 +33,47 @@ def quantize_rows(x):
     codes = np.clip(np.rint(x * inv[..., None]), -127, 127).astype(np.int8)
     codes[zero] = 0
     return codes, scale
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def rotation_signs(d, seed):
+    """The +-1 signs [d] float32 of the cache's rotation: bit 63 of splitmix64 draws from seed."""
+    out = np.empty(d, np.float32)
+    state = seed & _MASK64
+    for i in range(d):
+        state = (state + 0x9E3779B97F4A7C15) & _MASK64
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        z ^= z >> 31
+        out[i] = -1.0 if z >> 63 else 1.0
+    return out
+
+
+def rotation_block(d):
+    """Block size of the rotation: the largest power of two dividing d."""
+    return d & -d
+
+
+def rotate(x, signs, *, inverse=False):
+    """The random-sign Walsh-Hadamard rotation along the last axis (float64 inside):
+    ``H (signs * x) / sqrt(B)`` per block of B = rotation_block(D); ``inverse`` undoes it."""
+    x = np.array(x, dtype=np.float64)
+    d = x.shape[-1]
+    b = rotation_block(d)
+    lead = x.shape[:-1]
+    if not inverse:
+        x = x * signs
+    h = 1
+    while h < b:                      # pairs (i, i + h) with i & h == 0, blocks aligned
+        y = x.reshape(*lead, d // (2 * h), 2, h)
+        a, c = y[..., 0, :], y[..., 1, :]
+        x = np.stack([a + c, a - c], axis=-2).reshape(*lead, d)
+        h *= 2
+    x = x / np.sqrt(b)
+    return x * signs if inverse else x
 
 
 def q_planes(q, q_bits=16):
@@ -101,6 +143,8 @@ def emulate(q, cache, *, scale=None, q_bits=16):
     q = np.asarray(q, dtype=np.float32)
     h, d = q.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if getattr(cache, "rotate", False):              # the codes live in the rotated space
+        q = rotate(q, rotation_signs(d, cache.rotation_seed)).astype(np.float32)
     k_i8 = _expand(np.asarray(cache.k_i8).transpose(1, 0, 2), h).astype(np.int64)
     ks = _expand(np.asarray(cache.k_scale).T[..., None], h)[..., 0].astype(np.float64)
     v = np.asarray(cache.v_i8).astype(np.float64) * np.asarray(cache.v_scale, np.float64)[..., None]
@@ -109,4 +153,7 @@ def emulate(q, cache, *, scale=None, q_bits=16):
         dots = np.einsum("hd,shd->hs", codes.astype(np.int64), k_i8)
         logits = logits + dots.astype(np.float64) * s.astype(np.float64)[:, None]
     logits = logits * ks.T * scale
-    return _softmax_attend(logits, _expand(v.transpose(1, 0, 2), h)).astype(np.float32)
+    out = _softmax_attend(logits, _expand(v.transpose(1, 0, 2), h))
+    if getattr(cache, "rotate", False):              # back from the rotated space
+        out = rotate(out, rotation_signs(d, cache.rotation_seed), inverse=True)
+    return out.astype(np.float32)

@@ -25,8 +25,12 @@ static float gauss(void)
 static int run_case(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_t len, int q_bits,
                     float *out)
 {
+    static float sign[I8A_MAX_HEAD_DIM];
+    for (size_t i = 0; i < d; i++)
+        sign[i] = (i * 2654435761u) & 64 ? -1.0f : 1.0f;
     i8a_cache c = {0};
     c.hkv = hkv, c.cap = len, c.d = d, c.len = 0;
+    c.sign = len % 4 == 1 ? sign : NULL;        /* the rotation on a quarter of the cases */
     c.k = malloc(hkv * len * d), c.v = malloc(hkv * len * d);
     c.ks = malloc(hkv * len * sizeof(float)), c.vs = malloc(hkv * len * sizeof(float));
     float *k = malloc(len * hkv * d * sizeof(float)), *v = malloc(len * hkv * d * sizeof(float));

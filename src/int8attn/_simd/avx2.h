@@ -385,6 +385,11 @@ static uint64_t i8a_stream_avx2(const void *p, size_t bytes, const void *next)
     return r ^ i8a_fold_tail(b + i, bytes - i);
 }
 
+static void i8a_rotate_avx2(float *x, size_t d, const float *sign, int inverse)
+{
+    i8a_rotate_body(x, d, sign, inverse);
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #elif defined(__GNUC__)

@@ -69,6 +69,9 @@ typedef void (*i8a_merge_fn)(const i8a_state *run, const i8a_state *chunk, size_
  * next[0 .. bytes) the way attend prefetches the next chunk (next may be NULL). */
 typedef uint64_t (*i8a_stream_fn)(const void *p, size_t bytes, const void *next);
 
+/* The cache's rotation (common.h) of one row in place: d a multiple of 16, sign [d] of +-1. */
+typedef void (*i8a_rotate_fn)(float *x, size_t d, const float *sign, int inverse);
+
 typedef struct {
     const char *name;
     unsigned requires;               /* I8A_CPU_* bits the tier needs */
@@ -77,6 +80,7 @@ typedef struct {
     i8a_attend_fn attend;
     i8a_merge_fn merge;
     i8a_stream_fn stream;
+    i8a_rotate_fn rotate;
 } i8a_kernels;
 
 /* CPU feature bits, filled by i8a_cpu_features() in _cpu.c. */

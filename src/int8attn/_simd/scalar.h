@@ -93,4 +93,10 @@ static uint64_t i8a_stream_scalar(const void *p, size_t bytes, const void *next)
     return i8a_fold_tail((const unsigned char *)p, bytes);
 }
 
+/* The rotation: the body of common.h, compiled per tier (each tier's ISA vectorizes it). */
+static void i8a_rotate_scalar(float *x, size_t d, const float *sign, int inverse)
+{
+    i8a_rotate_body(x, d, sign, inverse);
+}
+
 #endif

@@ -1,0 +1,135 @@
+"""The random-sign Hadamard rotation of the cache: an orthonormal transform in every tier,
+attention unchanged, outlier channels tamed."""
+
+import numpy as np
+import pytest
+
+import int8attn as ia
+from conftest import TIERS, make_kv, rel_err, use_tier
+from int8attn import _cache
+from int8attn import reference as R
+
+DIMS = [16, 48, 80, 96, 128, 256, 1024]
+
+
+@pytest.mark.parametrize("d", DIMS)
+def test_transform_is_orthonormal_and_undone_by_its_inverse(tier, d):
+    sign = R.rotation_signs(d, 7)
+    m = _cache._rotate(np.eye(d, dtype=np.float32), sign)          # rows: R applied to e_i
+    np.testing.assert_allclose(m @ m.T, np.eye(d), atol=2e-6)
+    x = np.random.default_rng(d).standard_normal((5, d)).astype(np.float32)
+    y = _cache._rotate(x, sign)
+    np.testing.assert_allclose(y, R.rotate(x, sign), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(_cache._rotate(y, sign, inverse=True), x, rtol=0, atol=1e-5)
+    # its own inverse up to the sign vector: H H = B I, so R^T = diag(sign) H / sqrt(B)
+    np.testing.assert_allclose(_cache._rotate(y, np.ones(d, np.float32)) * sign, x, atol=1e-5)
+
+
+def test_every_tier_rotates_to_the_same_bits():
+    x = np.random.default_rng(1).standard_normal((9, 96)).astype(np.float32)
+    sign = R.rotation_signs(96, 3)
+    outs = []
+    for name in TIERS:
+        use_tier(name)
+        outs.append((_cache._rotate(x, sign), _cache._rotate(x, sign, inverse=True)))
+    use_tier(TIERS[0])
+    for a, b in outs[1:]:
+        np.testing.assert_array_equal(a, outs[0][0])
+        np.testing.assert_array_equal(b, outs[0][1])
+
+
+def test_logits_are_invariant():
+    """(Rq).(Rk) = q.k: the emulation over a rotated cache matches the unrotated emulation up
+    to the rounding of the codes, and the float dots agree exactly in exact arithmetic."""
+    rng = np.random.default_rng(2)
+    q, k = rng.standard_normal((4, 128)), rng.standard_normal((300, 128))
+    sign = R.rotation_signs(128, 11)
+    np.testing.assert_allclose(R.rotate(q, sign) @ R.rotate(k, sign).T, q @ k.T, rtol=1e-12, atol=1e-10)
+    kk, vv = make_kv(rng, 300, 2, 128)
+    plain, rot = ia.Int8KVCache(2, 300, 128), ia.Int8KVCache(2, 300, 128, rotate=True)
+    plain.append(kk, vv)
+    rot.append(kk, vv)
+    qq = rng.standard_normal((4, 128)).astype(np.float32)
+    ref = R.attention(qq, kk, vv)
+    assert rel_err(R.emulate(qq, rot), ref) < 0.03 and rel_err(R.emulate(qq, plain), ref) < 0.03
+
+
+@pytest.mark.parametrize("shape", [(8, 2, 128, 1100), (4, 4, 96, 300), (6, 3, 80, 17), (2, 1, 1024, 260)])
+@pytest.mark.parametrize("q_bits", [16, 8])
+def test_rotated_cache_within_contract_of_its_dequantized_history(tier, shape, q_bits):
+    h, hkv, d, s = shape
+    rng = np.random.default_rng(s + d)
+    k, v = make_kv(rng, s, hkv, d, "outlier")
+    cache = ia.Int8KVCache(hkv, s, d, rotate=True, rotation_seed=5)
+    cache.append(k, v)
+    q = rng.standard_normal((h, d)).astype(np.float32)
+    kd, vd = cache.dequantize()                       # un-rotated
+    ref = R.attention(q, kd, vd)
+    out = cache.decode(q, q_bits=q_bits)
+    if q_bits == 16:
+        assert rel_err(out, ref) <= 1e-3
+    else:
+        emu = R.emulate(q, cache, q_bits=8)
+        err = np.max(np.abs(out - emu), axis=1) / np.max(np.abs(ref), axis=1)
+        assert float(err.max()) <= 1e-4
+    t = rng.standard_normal((3, h, d)).astype(np.float32)
+    got = cache.decode(t, window=200, sinks=2, softcap=30.0)
+    assert rel_err(got.reshape(-1, d), R.attention(t, kd, vd, window=200, sinks=2, softcap=30.0).reshape(-1, d)) <= 1e-3
+
+
+def test_rotation_tames_k_outlier_channels():
+    """The cache format's own error against the unquantized K/V: several times smaller with
+    the rotation when K has outlier channels."""
+    rng = np.random.default_rng(3)
+    k, v = make_kv(rng, 1000, 4, 128, "outlier")
+    q = rng.standard_normal((8, 128)).astype(np.float32) * 3
+    ref = R.attention(q, k, v)
+    errs = {}
+    for rotate in (False, True):
+        cache = ia.Int8KVCache(4, 1000, 128, rotate=rotate)
+        cache.append(k, v)
+        errs[rotate] = rel_err(cache.decode(q), ref)
+        kd, _ = cache.dequantize()
+        errs[(rotate, "k")] = float(np.sqrt(np.mean((kd - k) ** 2)))    # RMS error of K
+    assert errs[True] * 3 < errs[False]                 # measured: 0.46 -> 0.08
+    assert errs[(True, "k")] * 3 < errs[(False, "k")]   # measured: 0.071 -> 0.018
+
+
+def test_views_hold_rotated_codes_and_dequantize_rotates_back():
+    rng = np.random.default_rng(4)
+    k, v = make_kv(rng, 20, 2, 64)
+    cache = ia.Int8KVCache(2, 20, 64, rotate=True, rotation_seed=9)
+    cache.append(k, v)
+    sign = R.rotation_signs(64, 9)
+    codes, scales = R.quantize_rows(R.rotate(k, sign).astype(np.float32))
+    assert np.mean(cache.k_i8 == codes.transpose(1, 0, 2)) > 0.99   # float32 vs float64 rotation
+    kd, vd = cache.dequantize()
+    assert np.abs(kd - k).max() < 0.05 and np.abs(vd - v).max() < 0.05
+    assert cache.rotate and cache.rotation_seed == 9
+    assert "rotate=True" in repr(cache)
+
+
+def test_save_load_records_the_rotation(tmp_path):
+    rng = np.random.default_rng(5)
+    k, v = make_kv(rng, 50, 2, 96)
+    cache = ia.Int8KVCache(2, 60, 96, rotate=True, rotation_seed=123)
+    cache.append(k, v)
+    cache.save(tmp_path / "r.npz")
+    back = ia.Int8KVCache.load(tmp_path / "r.npz")
+    assert back.rotate and back.rotation_seed == 123
+    q = rng.standard_normal((4, 96)).astype(np.float32)
+    np.testing.assert_array_equal(back.decode(q), cache.decode(q))
+    state = cache.state_dict()
+    assert state["rotation_block"] == 32
+    state["rotation_block"] = 16
+    with pytest.raises(ValueError, match="rotation does not match"):
+        ia.Int8KVCache.from_state_dict(state)
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [({"rotate": 1}, TypeError, "rotate must be True or False"),
+                                                ({"rotation_seed": -1}, ValueError, "rotation_seed must be at least 0"),
+                                                ({"rotation_seed": 1 << 64}, ValueError, "below 2\\*\\*64"),
+                                                ({"rotation_seed": 1.5}, TypeError, "rotation_seed must be an int")])
+def test_rotation_arguments(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        ia.Int8KVCache(2, 10, 16, **kwargs)
