@@ -27,6 +27,7 @@ def full_cases():
     for q_bits in (16, 8):
         cases += [Case("int8attn", 8, 8, 128, s, "cold", q_bits) for s in (8192, 32768)]
     cases += [Case("int8attn", 8, 8, 128, 32768, "hot")]
+    cases += [Case("int8attn", 8, 8, 128, s, "hot", rotate=True) for s in SEED]   # rotation cost
     cases += [Case("int8attn", 32, 8, 128, s, regime) for s in (2048, 8192)
               for regime in ("hot", "cold")]
     cases += [Case("int8attn", 8, 8, 128, 8192, "cold")]  # the 8/8 twin of GQA cold, named alike
@@ -68,6 +69,28 @@ def print_table(results):
         err = f"{r['error_vs_reference']:8.1e}" if "error_vs_reference" in r else " " * 8
         print(f"{r['name']:<58} {t['median'] * 1e3:10.3f} {t['min'] * 1e3:8.3f} {r['gbps']:7.1f} "
               f"{probe} {frac} {err}")
+
+
+def print_rotation(results):
+    """Decode and append cost of the rotation, from this run's medians."""
+    rows = []
+    for r in results:
+        c = r["case"]
+        if c["impl"] != "int8attn" or not c["rotate"]:
+            continue
+        plain = find(results, impl="int8attn", h=c["h"], hkv=c["hkv"], d=c["d"], tokens=c["tokens"],
+                     regime=c["regime"], q_bits=c["q_bits"], threads=c["threads"], rotate=False)
+        if plain:
+            rows.append((c["tokens"], r, plain))
+    if rows:
+        print("\nrotation cost (medians; decode, append of the whole context, append of one token):")
+        for tokens, r, p in rows:
+            dec = r["time"]["median"] / p["time"]["median"] - 1
+            print(f"  {tokens:>6} tokens: decode {p['time']['median'] * 1e6:8.1f} -> "
+                  f"{r['time']['median'] * 1e6:8.1f} us ({dec * 100:+.1f}%), append all "
+                  f"{p['append_all_time']['median'] * 1e3:7.2f} -> {r['append_all_time']['median'] * 1e3:7.2f} ms, "
+                  f"append one {p['append_one_time']['median'] * 1e6:5.2f} -> "
+                  f"{r['append_one_time']['median'] * 1e6:5.2f} us")
 
 
 def print_targets(results, default_tier):
@@ -130,6 +153,7 @@ def main(argv=None):
     print(f"int8attn {rep['versions']['int8attn']} commit {rep['commit']}; {m['cpu']} "
           f"({m['affinity_cpus']} CPUs); tier {rep['tier']}; threads {rep['threads']}")
     print_table(results)
+    print_rotation(results)
     print_targets(results, rep["tier"])
     print(f"\nreport: {out}")
 

@@ -163,9 +163,13 @@ class Gemma3:
         """Five of every six layers use the sliding window; every sixth is global."""
         return (layer + 1) % 6 != 0
 
-    def caches(self, max_seq, kind="int8"):
+    def caches(self, max_seq, kind="int8", rotate=None):
+        """Per layer: an Int8KVCache ("int8"; rotate=None takes int8attn's default) or the
+        float comparison cache ("fp32")."""
         if kind == "int8":
-            return [ia.Int8KVCache(self.n_kv, max_seq, self.head_dim) for _ in range(self.n_layers)]
+            extra = {} if rotate is None else {"rotate": rotate}
+            return [ia.Int8KVCache(self.n_kv, max_seq, self.head_dim, **extra)
+                    for _ in range(self.n_layers)]
         return [FloatCache(self.n_kv, self.head_dim) for _ in range(self.n_layers)]
 
     def forward(self, ids, pos0, caches, record=None):
@@ -226,21 +230,23 @@ def softmax(x):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def compare(model, text_path, last=128, chunk=128, q_bits=16):
-    """Teacher-forced over the text: int8 caches vs float attention over an unquantized cache."""
+def compare(model, text_path, last=128, chunk=128):
+    """Teacher-forced over the text: int8 caches, without and with the rotation, against float
+    attention over an unquantized cache. Returns per int8 variant the top-1 agreement, the KL
+    divergence of the next-token distributions at the last positions, and per layer the error
+    of the attention output at the last position (vs the cache's own dequantized history, and
+    vs the unquantized K/V)."""
     ids = model.tokenizer.encode(open(text_path, encoding="utf-8").read())
     n = len(ids)
-    tail = range(max(0, n - last), n)
-    runs = {}
-    layer_err = {}
-    for kind in ("fp32", "int8"):
-        caches = model.caches(n, kind)
+    tail = slice(max(0, n - last), n)
+    probs, layers = {}, {}
+    for name, kind, rotate in (("fp32", "fp32", None), ("int8", "int8", False),
+                               ("int8 rotated", "int8", True)):
+        caches = model.caches(n, kind, rotate)
         raw = [FloatCache(model.n_kv, model.head_dim) for _ in range(model.n_layers)]
-        hidden = []
+        errs = {}
 
-        def record(i, q, a, caches=caches, raw=raw):
-            # at the last position of the int8 run: the kernel's output against float attention
-            # over its own dequantized cache, and over the unquantized K/V
+        def record(i, q, a, caches=caches, raw=raw, errs=errs):
             if kind != "int8" or not record.final:
                 return
             kd, vd = caches[i].dequantize()
@@ -249,25 +255,24 @@ def compare(model, text_path, last=128, chunk=128, q_bits=16):
                 kd, vd, kr, vr = (x[-model.window:] for x in (kd, vd, kr, vr))
             ref_dq = R.attention(q[-1], kd, vd, scale=model.scale)
             ref_fp = R.attention(q[-1], kr, vr, scale=model.scale)
-            layer_err[i] = (rel_err(a[-1], ref_dq), rel_err(a[-1], ref_fp))
+            errs[i] = (rel_err(a[-1], ref_dq), rel_err(a[-1], ref_fp))
 
-        record.final = False
+        hidden = []
         for s in range(0, n, chunk):
-            part = ids[s:s + chunk]
             record.final = s + chunk >= n
-            if kind == "int8":
-                wrapped = [RawTap(c, r) for c, r in zip(caches, raw)]
-                h = model.forward(part, s, wrapped, record)
-            else:
-                h = model.forward(part, s, caches)
-            hidden.append(h)
-        hidden = np.concatenate(hidden)
-        runs[kind] = softmax(model.logits(hidden[tail.start:tail.stop]))
-    p, q = runs["fp32"], runs["int8"]
-    kl = np.sum(p * (np.log(p + 1e-30) - np.log(q + 1e-30)), axis=-1)
-    agree = float(np.mean(p.argmax(-1) == q.argmax(-1)))
-    return {"tokens": n, "positions": len(tail), "top1": agree, "kl_mean": float(kl.mean()),
-            "kl_max": float(kl.max()), "layers": layer_err, "q_bits": q_bits}
+            tap = [RawTap(c, r) for c, r in zip(caches, raw)] if kind == "int8" else caches
+            hidden.append(model.forward(ids[s:s + chunk], s, tap, record))
+        probs[name] = softmax(model.logits(np.concatenate(hidden)[tail]))
+        layers[name] = errs
+    p = probs["fp32"]
+    rows = {}
+    for name in ("int8", "int8 rotated"):
+        q = probs[name]
+        kl = np.sum(p * (np.log(p + 1e-30) - np.log(q + 1e-30)), axis=-1)
+        rows[name] = {"top1": float(np.mean(p.argmax(-1) == q.argmax(-1))),
+                      "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
+                      "layers": layers[name]}
+    return {"tokens": n, "positions": tail.stop - tail.start, "rows": rows}
 
 
 class RawTap:
@@ -309,14 +314,17 @@ def main(argv=None):
         return
     rep = compare(model, args.text)
     print(f"teacher-forced over {rep['tokens']} tokens; next-token distributions at the last "
-          f"{rep['positions']} positions, int8 cache (q_bits={rep['q_bits']}) vs fp32 attention "
-          f"over an unquantized cache:")
-    print(f"  top-1 agreement {rep['top1'] * 100:.1f}%   KL mean {rep['kl_mean']:.2e}   "
-          f"KL max {rep['kl_max']:.2e}")
-    print("attention output at the last position, per layer (max|err| / max|ref|):")
-    print("  layer  kind    vs dequantized  vs fp32 K/V")
-    for i, (e_dq, e_fp) in sorted(rep["layers"].items()):
-        print(f"  {i:>5}  {'local' if model.local(i) else 'global':<6}  {e_dq:>14.1e}  {e_fp:>11.1e}")
+          f"{rep['positions']} positions against fp32 attention over an unquantized cache:")
+    print(f"  {'cache':<14} {'top-1':>7} {'KL mean':>9} {'KL max':>9}")
+    for name, row in rep["rows"].items():
+        print(f"  {name:<14} {row['top1'] * 100:>6.1f}% {row['kl_mean']:>9.2e} {row['kl_max']:>9.2e}")
+    print("attention output at the last position, per layer (max|err| / max|ref|), against the "
+          "cache's dequantized history / against the unquantized K/V:")
+    print(f"  {'layer':>5}  {'kind':<6}  {'int8':>19}  {'int8 rotated':>19}")
+    for i in range(model.n_layers):
+        cells = [rep["rows"][name]["layers"][i] for name in ("int8", "int8 rotated")]
+        print(f"  {i:>5}  {'local' if model.local(i) else 'global':<6}  "
+              + "  ".join(f"{a:>8.1e} / {b:>8.1e}" for a, b in cells))
 
 
 if __name__ == "__main__":

@@ -102,3 +102,26 @@ def test_pool_survives_fork(threads):
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def _fold(buf):
+    """XOR of a buffer's little-endian 64-bit words, the last one zero-padded."""
+    b = np.frombuffer(np.ascontiguousarray(buf).tobytes(), np.uint8)
+    b = np.concatenate([b, np.zeros(-len(b) % 8, np.uint8)])
+    return int(np.bitwise_xor.reduce(b.view("<u8"))) if len(b) else 0
+
+
+@pytest.mark.parametrize("shape", [(2, 64, 1), (3, 48, 700), (1, 1024, 257)])
+def test_bandwidth_probe_reads_every_byte(threads, shape):
+    """The benchmarks' probe folds exactly the bytes a decode reads, whatever the threads."""
+    hkv, d, s = shape
+    cache, _, _ = filled_cache(np.random.default_rng(s), hkv, d, s, cap=s + 9)
+    want = 0
+    for g in range(hkv):
+        for c0 in range(0, s, 256):
+            c1 = min(s, c0 + 256)
+            for buf in (cache.k_i8[g, c0:c1], cache.v_i8[g, c0:c1], cache.k_scale[g, c0:c1],
+                        cache.v_scale[g, c0:c1]):
+                want ^= _fold(buf)
+    for n in (1, 2, 3):
+        assert cache._stream_read(n) == want

@@ -40,6 +40,7 @@ class Case:
     q_bits: int = 16        # int8attn only
     tier: str = ""          # int8attn only; "" = the default tier
     threads: int = 0        # 0 = the default thread count
+    rotate: bool = False    # int8attn only: the cache's Hadamard rotation
 
     @property
     def name(self):
@@ -47,7 +48,7 @@ class Case:
         parts = [self.impl, f"h{self.h}", f"kv{self.hkv}", f"d{self.d}", f"s{self.tokens}",
                  self.regime]
         if self.impl == "int8attn":
-            parts += [f"q{self.q_bits}", self.tier or "default"]
+            parts += [f"q{self.q_bits}", self.tier or "default"] + (["rot"] if self.rotate else [])
         parts.append(f"t{self.threads}" if self.threads else "tdefault")
         return "/".join(parts)
 
@@ -124,7 +125,7 @@ def run_int8attn(case, budget, rng):
     copies = cold_copies(nbytes) if case.regime == "cold" else 1
     caches = []
     for _ in range(copies):
-        c = Int8KVCache(case.hkv, case.tokens, case.d)
+        c = Int8KVCache(case.hkv, case.tokens, case.d, rotate=case.rotate)
         c.append(k, v)
         caches.append(c)
     out = np.empty((case.h, case.d), np.float32)
@@ -134,6 +135,10 @@ def run_int8attn(case, budget, rng):
         got = caches[0].decode(q, q_bits=case.q_bits)
         decode = _timed(lambda i: caches[i].decode(q, q_bits=case.q_bits, out=out), copies, 20, budget)
         probe = _timed(lambda i: caches[i]._stream_read(used), copies, 20, budget)
+        # append: the whole context in one call (prefill), then one token at a time
+        spare = Int8KVCache(case.hkv, case.tokens, case.d, rotate=case.rotate)
+        bulk = _timed(lambda i: (spare.reset(), spare.append(k, v)), 1, 3, budget / 4)
+        one = _timed(lambda i: (spare.reset(), spare.append(k[0], v[0])), 1, 20, budget / 8)
     ref = attention(q, *caches[0].dequantize())
     err = float(np.max(np.max(np.abs(got - ref), axis=1) / np.max(np.abs(ref), axis=1)))
     dec, prb = _stats(decode), _stats(probe)
@@ -142,6 +147,7 @@ def run_int8attn(case, budget, rng):
         "bytes": nbytes, "time": dec, "probe_time": prb,
         "gbps": nbytes / dec["median"] / 1e9, "probe_gbps": nbytes / prb["median"] / 1e9,
         "fraction_of_probe": prb["median"] / dec["median"], "error_vs_reference": err,
+        "append_all_time": _stats(bulk), "append_one_time": _stats(one),
     }
 
 

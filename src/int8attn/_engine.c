@@ -219,7 +219,7 @@ static i8a_span span_rows(const i8a_cache *c, size_t g, size_t a, size_t b)
 static i8a_span span_at(const i8a_cache *c, size_t chunks, size_t item)
 {
     const size_t g = item / chunks, s0 = (item % chunks) * I8A_CHUNK;
-    return span_rows(c, g, s0, c->len - s0 < I8A_CHUNK ? c->len - s0 : I8A_CHUNK);
+    return span_rows(c, g, s0, c->len - s0 < I8A_CHUNK ? c->len : s0 + I8A_CHUNK);
 }
 
 /* All chunks of kv head g are done: per query row, fold the states it has in position order

@@ -385,9 +385,39 @@ static uint64_t i8a_stream_avx2(const void *p, size_t bytes, const void *next)
     return r ^ i8a_fold_tail(b + i, bytes - i);
 }
 
+/* The rotation of common.h, stage by stage the same additions and subtractions: the stages
+ * h = 1, 2, 4 inside each register (partner lane i ^ h by a permute; lanes with bit h set take
+ * partner - self, the others self + partner), the wider ones between registers. */
 static void i8a_rotate_avx2(float *x, size_t d, const float *sign, int inverse)
 {
-    i8a_rotate_body(x, d, sign, inverse);
+    const size_t block = d & (~d + 1);                  /* >= 16: d is a multiple of 16 */
+    const __m256 scale = _mm256_set1_ps(1.0f / sqrtf((float)block));
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (size_t i = 0; i < d; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        if (!inverse)
+            v = _mm256_mul_ps(v, _mm256_loadu_ps(sign + i));
+        for (int h = 1; h < 8; h *= 2) {
+            const __m256i bit = _mm256_set1_epi32(h);
+            const __m256 p = _mm256_permutevar8x32_ps(v, _mm256_xor_si256(lane, bit));
+            const __m256 hi = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(lane, bit), bit));
+            v = _mm256_blendv_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), hi);
+        }
+        _mm256_storeu_ps(x + i, v);
+    }
+    for (size_t h = 8; h < block; h *= 2)
+        for (size_t b = 0; b < d; b += 2 * h)
+            for (size_t i = b; i < b + h; i += 8) {
+                const __m256 a = _mm256_loadu_ps(x + i), c = _mm256_loadu_ps(x + i + h);
+                _mm256_storeu_ps(x + i, _mm256_add_ps(a, c));
+                _mm256_storeu_ps(x + i + h, _mm256_sub_ps(a, c));
+            }
+    for (size_t i = 0; i < d; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), scale);
+        if (inverse)
+            v = _mm256_mul_ps(v, _mm256_loadu_ps(sign + i));
+        _mm256_storeu_ps(x + i, v);
+    }
 }
 
 #if defined(__clang__)

@@ -385,9 +385,38 @@ static uint64_t i8a_stream_avx512_vnni(const void *p, size_t bytes, const void *
     return r ^ i8a_fold_tail(b + i, bytes - i);
 }
 
+/* The rotation of common.h, stage by stage the same additions and subtractions: the stages
+ * h = 1, 2, 4, 8 inside each register (partner lane i ^ h by a permute; lanes with bit h set
+ * take partner - self, the others self + partner), the wider ones between registers. */
 static void i8a_rotate_avx512_vnni(float *x, size_t d, const float *sign, int inverse)
 {
-    i8a_rotate_body(x, d, sign, inverse);
+    const size_t block = d & (~d + 1);                  /* >= 16: d is a multiple of 16 */
+    const __m512 scale = _mm512_set1_ps(1.0f / sqrtf((float)block));
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (size_t i = 0; i < d; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        if (!inverse)
+            v = _mm512_mul_ps(v, _mm512_loadu_ps(sign + i));
+        for (int h = 1; h < 16; h *= 2) {
+            const __m512 p = _mm512_permutexvar_ps(_mm512_xor_si512(lane, _mm512_set1_epi32(h)), v);
+            const __mmask16 hi = _mm512_test_epi32_mask(lane, _mm512_set1_epi32(h));
+            v = _mm512_mask_sub_ps(_mm512_add_ps(v, p), hi, p, v);
+        }
+        _mm512_storeu_ps(x + i, v);
+    }
+    for (size_t h = 16; h < block; h *= 2)
+        for (size_t b = 0; b < d; b += 2 * h)
+            for (size_t i = b; i < b + h; i += 16) {
+                const __m512 a = _mm512_loadu_ps(x + i), c = _mm512_loadu_ps(x + i + h);
+                _mm512_storeu_ps(x + i, _mm512_add_ps(a, c));
+                _mm512_storeu_ps(x + i + h, _mm512_sub_ps(a, c));
+            }
+    for (size_t i = 0; i < d; i += 16) {
+        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), scale);
+        if (inverse)
+            v = _mm512_mul_ps(v, _mm512_loadu_ps(sign + i));
+        _mm512_storeu_ps(x + i, v);
+    }
 }
 
 #if defined(__clang__)
