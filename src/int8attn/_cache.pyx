@@ -142,9 +142,7 @@ def set_num_threads(n):
     process may run on (its affinity mask), or INT8ATTN_NUM_THREADS when set. Results do not
     depend on it: the output is bit-identical for every thread count."""
     global _threads
-    if isinstance(n, bool) or not hasattr(n, "__index__"):
-        raise TypeError(f"n must be an int, got {type(n).__name__}")
-    n = n.__index__()
+    n = _as_int(n, "n")
     if not 1 <= n <= I8A_MAX_THREADS:
         raise ValueError(f"n must be from 1 to {I8A_MAX_THREADS}, got {n}")
     _threads = n
@@ -235,19 +233,22 @@ def _finite_float(value, str name):
     return x
 
 
-def _nonnegative_int(value, str name):
+def _as_int(value, str name):
+    """value as a Python int (anything with __index__ but bool), or TypeError naming it."""
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    value = value.__index__()
+    return value.__index__()
+
+
+def _nonnegative_int(value, str name):
+    value = _as_int(value, name)
     if value < 0:
         raise ValueError(f"{name} must be at least 0, got {value}")
     return value
 
 
 def _positive_int(value, str name):
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    value = value.__index__()
+    value = _as_int(value, name)
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value}")
     return value
@@ -409,9 +410,7 @@ cdef class Int8KVCache:
     def truncate(self, n):
         """Keep the first n tokens and forget the rest (rejected speculative tokens): the cache
         is then exactly as it was after its n-th token was appended. 0 <= n <= len(cache)."""
-        if isinstance(n, bool) or not hasattr(n, "__index__"):
-            raise TypeError(f"n must be an int, got {type(n).__name__}")
-        n = n.__index__()
+        n = _as_int(n, "n")
         if not 0 <= n <= self._c.len:
             raise ValueError(f"n must be from 0 to len(cache)={self._c.len}, got {n}")
         self._enter()
@@ -671,10 +670,7 @@ def _check_state(state, max_seq):
             raise ValueError(f"state {key} must be an integer, got {value.dtype} {value.shape}")
         ints[key] = int(value)
     hkv, d, n = ints["n_kv_heads"], ints["head_dim"], ints["length"]
-    cap = ints["max_seq"] if max_seq is None else max_seq
-    if isinstance(cap, bool) or not hasattr(cap, "__index__"):
-        raise TypeError(f"max_seq must be an int, got {type(cap).__name__}")
-    cap = cap.__index__()
+    cap = ints["max_seq"] if max_seq is None else _as_int(max_seq, "max_seq")
     if n < 0 or n > cap:
         raise ValueError(f"state length {n} does not fit max_seq={cap}")
     arrays = {}
