@@ -608,14 +608,16 @@ cdef class Int8KVCache:
 
     def _stream_read(self, threads=None):
         """Read every byte a decode reads (codes and scales of all heads and tokens), split over
-        threads like a decode, with the best tier's widest loads: the benchmarks' bandwidth
+        threads like a decode, with the best supported tier's widest loads: the benchmarks' bandwidth
         probe. Returns a checksum. threads defaults to what a decode of H = Hkv would use."""
         cdef i8a_options opt = _default_options()
         cdef size_t t = (i8a_decode_threads(&self._c, 1, self._c.hkv, &opt, _threads)
                          if threads is None else threads)
         cdef uint64_t x
+        # the best tier this CPU supports (the table's first may be one it lacks)
+        cdef const i8a_kernels *best = &i8a_tiers[<int>_tier_index[_SUPPORTED[0]]]
         with nogil:
-            x = i8a_stream_read(&i8a_tiers[0], &self._c, t)
+            x = i8a_stream_read(best, &self._c, t)
         return x
 
     def _decode_threads(self, h, t=1):
