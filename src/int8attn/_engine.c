@@ -215,11 +215,11 @@ static i8a_span span_rows(const i8a_cache *c, size_t g, size_t a, size_t b)
     return span;
 }
 
-/* Chunk `item` (kv head item / chunks, chunk item % chunks) as a span. */
-static i8a_span span_at(const i8a_cache *c, size_t chunks, size_t item)
+/* Chunk `chunk` of kv head g as a span: its positions [c0, c1), the last chunk cut at len. */
+static i8a_span chunk_span(const i8a_cache *c, size_t g, size_t chunk)
 {
-    const size_t g = item / chunks, s0 = (item % chunks) * I8A_CHUNK;
-    return span_rows(c, g, s0, c->len - s0 < I8A_CHUNK ? c->len : s0 + I8A_CHUNK);
+    const size_t c0 = chunk * I8A_CHUNK;
+    return span_rows(c, g, c0, c->len - c0 < I8A_CHUNK ? c->len : c0 + I8A_CHUNK);
 }
 
 /* All chunks of kv head g are done: per query row, fold the states it has in position order
@@ -264,7 +264,8 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t worker)
     float *scratch = (float *)(job->base + job->L.workers + worker * job->L.worker_bytes);
     for (size_t item = begin; item < end; item++) {
         const size_t g = item / nvis, vi = item % nvis, chunk = job->vis[vi];
-        const size_t c0 = chunk * I8A_CHUNK, c1 = c->len - c0 < I8A_CHUNK ? c->len : c0 + I8A_CHUNK;
+        const i8a_span whole_span = chunk_span(c, g, chunk);
+        const size_t c0 = chunk * I8A_CHUNK, c1 = c0 + whole_span.n;
         for (size_t part = 0; part < job->L.parts; part++) {
             const i8a_state st = state_at(job, g, vi, part, 0);
             for (size_t r = 0; r < rows; r++)
@@ -277,12 +278,10 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t worker)
             whole = v.a1 <= c0 && c1 <= v.b1;
         }
         i8a_span next = {0};
-        if (item + 1 < end) {
-            const size_t g2 = (item + 1) / nvis, chunk2 = job->vis[(item + 1) % nvis];
-            next = span_at(c, n_chunks(c), g2 * n_chunks(c) + chunk2);
-        }
+        if (item + 1 < end)
+            next = chunk_span(c, (item + 1) / nvis, job->vis[(item + 1) % nvis]);
         if (whole) {
-            i8a_span span = span_rows(c, g, c0, c1);
+            i8a_span span = whole_span;
             span.next_k = next.k, span.next_v = next.v, span.next_n = next.n;
             const i8a_query q = query_at(job, g, 0, rows);
             const i8a_state st = state_at(job, g, vi, job->L.parts - 1, 0);
@@ -357,8 +356,9 @@ static void stream_range(void *ctx, size_t begin, size_t end, size_t worker)
     uint64_t x = 0;
     for (size_t item = begin; item < end; item++) {
         /* the same items, ranges and prefetch of the next item as a decode */
-        const i8a_span s = span_at(job->c, job->chunks, item);
-        const i8a_span next = item + 1 < end ? span_at(job->c, job->chunks, item + 1) : s;
+        const i8a_span s = chunk_span(c, item / job->chunks, item % job->chunks);
+        const i8a_span next = item + 1 < end
+            ? chunk_span(c, (item + 1) / job->chunks, (item + 1) % job->chunks) : s;
         const int more = item + 1 < end;
         x ^= stream(s.k, s.n * c->d, more ? next.k : NULL);
         x ^= stream(s.v, s.n * c->d, more ? next.v : NULL);

@@ -171,6 +171,15 @@ static inline void i8a_rotate_body(float *x, size_t d, const float *sign, int in
             x[i] = x[i] * sign[i];
 }
 
+/* i8a_logit, then the soft cap when it is on (cap > 0): the scalar form every tier uses for
+ * the rows its vectors do not cover. */
+static inline float i8a_logit_capped(int32_t dh, int32_t dl, float c_hi, float c_lo, int two,
+                                     float ks, float cap, float inv_cap)
+{
+    const float lg = i8a_logit(dh, dl, c_hi, c_lo, two, ks);
+    return cap > 0.0f ? i8a_softcap(lg, cap, inv_cap) : lg;
+}
+
 /* The scalar part of merging a chunk's state into the running one, for query head j: updates
  * m and l and returns the factors for o: o = o * a + chunk_o * b (the product by b fused). */
 static inline void i8a_merge_head(const i8a_state *run, const i8a_state *chunk, size_t j,

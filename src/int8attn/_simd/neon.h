@@ -194,9 +194,7 @@ I8A_INLINE float i8a_logits_neon(const int32_t *dh, const int32_t *dl, float c_h
     }
     float m = vmaxvq_f32(vmax);
     for (; s < n; s++) {
-        p[s] = i8a_logit(dh[s], two ? dl[s] : 0, c_hi, c_lo, two, ks[s]);
-        if (cap > 0.0f)
-            p[s] = i8a_softcap(p[s], cap, inv_cap);
+        p[s] = i8a_logit_capped(dh[s], two ? dl[s] : 0, c_hi, c_lo, two, ks[s], cap, inv_cap);
         m = p[s] > m ? p[s] : m;
     }
     return m;

@@ -34,7 +34,7 @@ static void i8a_dots_scalar(const int8_t *q, const int8_t *k, size_t n, size_t d
 }
 
 /* Each query head against a chunk, in the contract's order:
- *   logit[s] by i8a_logit, then i8a_softcap when on (common.h);  m = max_s logit[s];
+ *   logit[s] by i8a_logit_capped (common.h);  m = max_s logit[s];
  *   p[s] = exp(logit[s] - m);  l = the 16-lane sum of p (common.h)
  *   o[i] = 0, then for s in order: o[i] = fma(p[s] * v_scale[s], float(v[s][i]), o[i]) */
 static void i8a_attend_scalar(const i8a_query *q, const i8a_span *kv, float *scratch,
@@ -49,10 +49,9 @@ static void i8a_attend_scalar(const i8a_query *q, const i8a_span *kv, float *scr
         for (size_t s = 0; s < n; s++) {
             const int8_t *kr = kv->k + s * d;
             int32_t dl = q->two_planes ? i8a_dot_scalar(ql, kr, d) : 0;
-            float lg = i8a_logit(i8a_dot_scalar(qh, kr, d), dl, q->c_hi[j], q->c_lo[j],
-                                 q->two_planes, kv->ks[s]);
-            if (q->softcap > 0.0f)
-                lg = i8a_softcap(lg, q->softcap, q->inv_softcap);
+            const float lg = i8a_logit_capped(i8a_dot_scalar(qh, kr, d), dl, q->c_hi[j],
+                                              q->c_lo[j], q->two_planes, kv->ks[s], q->softcap,
+                                              q->inv_softcap);
             p[s] = lg;
             m = (s == 0 || lg > m) ? lg : m;
         }
