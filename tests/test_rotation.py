@@ -9,7 +9,7 @@ from conftest import TIERS, make_kv, rel_err, use_tier
 from int8attn import _cache
 from int8attn import reference as R
 
-DIMS = [16, 48, 80, 96, 128, 256, 1024]
+DIMS = [16, 32, 48, 64, 80, 96, 128, 192, 256, 384, 512, 1024]
 
 
 @pytest.mark.parametrize("d", DIMS)
@@ -25,9 +25,10 @@ def test_transform_is_orthonormal_and_undone_by_its_inverse(tier, d):
     np.testing.assert_allclose(_cache._rotate(y, np.ones(d, np.float32)) * sign, x, atol=1e-5)
 
 
-def test_every_tier_rotates_to_the_same_bits():
-    x = np.random.default_rng(1).standard_normal((9, 96)).astype(np.float32)
-    sign = R.rotation_signs(96, 3)
+@pytest.mark.parametrize("d", DIMS)
+def test_every_tier_rotates_to_the_same_bits(d):
+    x = np.random.default_rng(d).standard_normal((9, d)).astype(np.float32)
+    sign = R.rotation_signs(d, 3)
     outs = []
     for name in TIERS:
         use_tier(name)

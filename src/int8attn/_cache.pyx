@@ -20,7 +20,7 @@ cdef extern from "_simd/dispatch.h" nogil:
         unsigned requires
         int (*quantize_row)(const float *x, size_t d, int8_t *codes, float *scale) noexcept nogil
         void (*dots)(const int8_t *q, const int8_t *k, size_t n, size_t d, int32_t *out) noexcept nogil
-        void (*rotate)(float *x, size_t d, const float *sign, int inverse) noexcept nogil
+        void (*rotate)(const float *x, size_t d, const float *sign, int inverse, float *y) noexcept nogil
     const i8a_kernels i8a_tiers[]
     unsigned i8a_cpu_features()
 
@@ -743,15 +743,17 @@ def _dots(q, k):
 
 
 def _rotate(x, sign, inverse=False):
-    """The active tier's rotation of each row of x [n, d] float32 (a copy)."""
-    out = np.array(x, dtype=np.float32, order="C", copy=True)
-    cdef float[:, ::1] xm = out
+    """The active tier's rotation of each row of x [n, d] float32, into a new array (the tier
+    reads x and writes the copy: the out-of-place path; decode's inverse runs in place)."""
+    cdef const float[:, ::1] xm = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty((xm.shape[0], xm.shape[1]), dtype=np.float32)
+    cdef float[:, ::1] om = out
     cdef const float[::1] sm = np.ascontiguousarray(sign, dtype=np.float32)
     if xm.shape[1] != sm.shape[0] or xm.shape[1] % 16 or xm.shape[1] > I8A_MAX_HEAD_DIM:
         raise ValueError("x [n, d] and sign [d] need the same d, a multiple of 16 up to 1024")
     cdef Py_ssize_t r
     for r in range(xm.shape[0]):
-        _kt.rotate(&xm[r, 0], xm.shape[1], &sm[0], 1 if inverse else 0)
+        _kt.rotate(&xm[r, 0], xm.shape[1], &sm[0], 1 if inverse else 0, &om[r, 0])
     return out
 
 

@@ -12,8 +12,7 @@ static const float *maybe_rotated(const i8a_kernels *kt, const i8a_cache *c, con
 {
     if (!c->sign)
         return x;
-    memcpy(tmp, x, c->d * sizeof(float));
-    kt->rotate(tmp, c->d, c->sign, 0);
+    kt->rotate(x, c->d, c->sign, 0, tmp);
     return tmp;
 }
 
@@ -252,7 +251,7 @@ static void finish_head(const decode_job *job, size_t g)
         for (size_t i = 0; i < d; i++)
             o[i] = o[i] * inv;
         if (job->c->sign)
-            job->kt->rotate(o, d, job->c->sign, 1);         /* back from the rotated space */
+            job->kt->rotate(o, d, job->c->sign, 1, o);         /* back from the rotated space */
     }
 }
 

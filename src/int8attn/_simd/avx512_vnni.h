@@ -385,37 +385,98 @@ static uint64_t i8a_stream_avx512_vnni(const void *p, size_t bytes, const void *
     return r ^ i8a_fold_tail(b + i, bytes - i);
 }
 
-/* The rotation of common.h, stage by stage the same additions and subtractions: the stages
- * h = 1, 2, 4, 8 inside each register (partner lane i ^ h by a permute; lanes with bit h set
- * take partner - self, the others self + partner), the wider ones between registers. */
-static void i8a_rotate_avx512_vnni(float *x, size_t d, const float *sign, int inverse)
+/* The rotation of common.h, stage by stage the same additions and subtractions. A group of
+ * N registers (N * 16 floats, N = 1, 2, 4, 8) goes through every stage below N * 16 without
+ * leaving registers: h = 1, 2, 4, 8 inside each register (partner lane i ^ h by a permute;
+ * lanes with bit h set take partner - self, the others self + partner), then h = 16 .. between
+ * registers. Wider stages (blocks over 128) are passes over memory; the last stage of the
+ * block also scales (and, inverse, applies the signs) before it stores. */
+/* One stage inside a register: partner lane i ^ h (idx), lanes in hi take partner - self. */
+static inline __m512 i8a_rot_lanes_avx512(__m512 v, __m512i idx, __mmask16 hi)
+{
+    const __m512 p = _mm512_permutexvar_ps(idx, v);
+    return _mm512_mask_sub_ps(_mm512_add_ps(v, p), hi, p, v);
+}
+
+/* Stage h (in registers) over the n registers of a group: (r[j], r[j + h]) for j & h == 0. */
+static inline __attribute__((always_inline)) void i8a_rot_regs_avx512(__m512 *r, int n, int h)
+{
+#pragma GCC unroll 8
+    for (int j = 0; j < n; j++)
+        if (!(j & h)) {
+            const __m512 a = r[j], c = r[j + h];
+            r[j] = _mm512_add_ps(a, c);
+            r[j + h] = _mm512_sub_ps(a, c);
+        }
+}
+
+static inline __attribute__((always_inline)) void
+i8a_rot_groups_avx512(const float *in, size_t d, const float *sign, int inverse, int n,
+                      int whole, __m512 scale, float *x)
+{
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i i1 = _mm512_xor_si512(lane, _mm512_set1_epi32(1));
+    const __m512i i2 = _mm512_xor_si512(lane, _mm512_set1_epi32(2));
+    const __m512i i4 = _mm512_xor_si512(lane, _mm512_set1_epi32(4));
+    const __m512i i8 = _mm512_xor_si512(lane, _mm512_set1_epi32(8));
+    for (size_t g = 0; g < d; g += (size_t)n * 16) {
+        __m512 r[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < n; j++) {
+            __m512 v = _mm512_loadu_ps(in + g + 16 * j);
+            if (!inverse)
+                v = _mm512_mul_ps(v, _mm512_loadu_ps(sign + g + 16 * j));
+            v = i8a_rot_lanes_avx512(v, i1, 0xAAAA);
+            v = i8a_rot_lanes_avx512(v, i2, 0xCCCC);
+            v = i8a_rot_lanes_avx512(v, i4, 0xF0F0);
+            r[j] = i8a_rot_lanes_avx512(v, i8, 0xFF00);
+        }
+        if (n > 1)
+            i8a_rot_regs_avx512(r, n, 1);
+        if (n > 2)
+            i8a_rot_regs_avx512(r, n, 2);
+        if (n > 4)
+            i8a_rot_regs_avx512(r, n, 4);
+#pragma GCC unroll 8
+        for (int j = 0; j < n; j++) {
+            if (whole) {
+                r[j] = _mm512_mul_ps(r[j], scale);
+                if (inverse)
+                    r[j] = _mm512_mul_ps(r[j], _mm512_loadu_ps(sign + g + 16 * j));
+            }
+            _mm512_storeu_ps(x + g + 16 * j, r[j]);
+        }
+    }
+}
+
+static void i8a_rotate_avx512_vnni(const float *in, size_t d, const float *sign, int inverse,
+                                   float *x)
 {
     const size_t block = d & (~d + 1);                  /* >= 16: d is a multiple of 16 */
     const __m512 scale = _mm512_set1_ps(1.0f / sqrtf((float)block));
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    for (size_t i = 0; i < d; i += 16) {
-        __m512 v = _mm512_loadu_ps(x + i);
-        if (!inverse)
-            v = _mm512_mul_ps(v, _mm512_loadu_ps(sign + i));
-        for (int h = 1; h < 16; h *= 2) {
-            const __m512 p = _mm512_permutexvar_ps(_mm512_xor_si512(lane, _mm512_set1_epi32(h)), v);
-            const __mmask16 hi = _mm512_test_epi32_mask(lane, _mm512_set1_epi32(h));
-            v = _mm512_mask_sub_ps(_mm512_add_ps(v, p), hi, p, v);
-        }
-        _mm512_storeu_ps(x + i, v);
+    switch (block) {
+    case 16: i8a_rot_groups_avx512(in, d, sign, inverse, 1, 1, scale, x); return;
+    case 32: i8a_rot_groups_avx512(in, d, sign, inverse, 2, 1, scale, x); return;
+    case 64: i8a_rot_groups_avx512(in, d, sign, inverse, 4, 1, scale, x); return;
+    case 128: i8a_rot_groups_avx512(in, d, sign, inverse, 8, 1, scale, x); return;
+    default: i8a_rot_groups_avx512(in, d, sign, inverse, 8, 0, scale, x);
     }
-    for (size_t h = 16; h < block; h *= 2)
+    for (size_t h = 128; h < block; h *= 2) {
+        const int last = 2 * h == block;
         for (size_t b = 0; b < d; b += 2 * h)
             for (size_t i = b; i < b + h; i += 16) {
                 const __m512 a = _mm512_loadu_ps(x + i), c = _mm512_loadu_ps(x + i + h);
-                _mm512_storeu_ps(x + i, _mm512_add_ps(a, c));
-                _mm512_storeu_ps(x + i + h, _mm512_sub_ps(a, c));
+                __m512 s = _mm512_add_ps(a, c), t = _mm512_sub_ps(a, c);
+                if (last) {
+                    s = _mm512_mul_ps(s, scale), t = _mm512_mul_ps(t, scale);
+                    if (inverse) {
+                        s = _mm512_mul_ps(s, _mm512_loadu_ps(sign + i));
+                        t = _mm512_mul_ps(t, _mm512_loadu_ps(sign + i + h));
+                    }
+                }
+                _mm512_storeu_ps(x + i, s);
+                _mm512_storeu_ps(x + i + h, t);
             }
-    for (size_t i = 0; i < d; i += 16) {
-        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), scale);
-        if (inverse)
-            v = _mm512_mul_ps(v, _mm512_loadu_ps(sign + i));
-        _mm512_storeu_ps(x + i, v);
     }
 }
 

@@ -144,19 +144,19 @@ static inline float i8a_softcap(float logit, float cap, float inv_cap)
     return cap * copysignf(t, u);
 }
 
-/* The random-sign Walsh-Hadamard rotation of a row of d floats (in place), block-diagonal over
+/* The random-sign Walsh-Hadamard rotation of a row of d floats (in into x; x may be in), block-diagonal over
  * blocks of B = the largest power of two dividing d, orthonormal:
  *   forward: x = x * sign;  butterflies;  x = x * (1 / sqrt(B))
  *   inverse: butterflies;  x = x * (1 / sqrt(B));  x = x * sign
  * The butterflies run for h = 1, 2, 4, .. B/2 over each pair (i, i + h) with i & h == 0:
  * (a, b) -> (a + b, a - b). Each stage is elementwise, so any vector width gives these bits. */
-static inline void i8a_rotate_body(float *x, size_t d, const float *sign, int inverse)
+static inline void i8a_rotate_body(const float *in, size_t d, const float *sign, int inverse,
+                                   float *x)
 {
     const size_t block = d & (~d + 1);
     const float scale = 1.0f / sqrtf((float)block);
-    if (!inverse)
-        for (size_t i = 0; i < d; i++)
-            x[i] = x[i] * sign[i];
+    for (size_t i = 0; i < d; i++)
+        x[i] = inverse ? in[i] : in[i] * sign[i];
     for (size_t h = 1; h < block; h *= 2)
         for (size_t b = 0; b < d; b += 2 * h)
             for (size_t i = b; i < b + h; i++) {

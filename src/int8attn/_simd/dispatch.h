@@ -69,8 +69,9 @@ typedef void (*i8a_merge_fn)(const i8a_state *run, const i8a_state *chunk, size_
  * next[0 .. bytes) the way attend prefetches the next chunk (next may be NULL). */
 typedef uint64_t (*i8a_stream_fn)(const void *p, size_t bytes, const void *next);
 
-/* The cache's rotation (common.h) of one row in place: d a multiple of 16, sign [d] of +-1. */
-typedef void (*i8a_rotate_fn)(float *x, size_t d, const float *sign, int inverse);
+/* The cache's rotation (common.h) of the row x [d] into y [d]: d a multiple of 16, sign [d] of
+ * +-1; y may be x (in place), otherwise the two must not overlap. */
+typedef void (*i8a_rotate_fn)(const float *x, size_t d, const float *sign, int inverse, float *y);
 
 typedef struct {
     const char *name;

@@ -319,9 +319,9 @@ static uint64_t i8a_stream_neon(const void *p, size_t bytes, const void *next)
     return vgetq_lane_u64(x, 0) ^ vgetq_lane_u64(x, 1) ^ i8a_fold_tail(b + i, bytes - i);
 }
 
-static void i8a_rotate_neon(float *x, size_t d, const float *sign, int inverse)
+static void i8a_rotate_neon(const float *x, size_t d, const float *sign, int inverse, float *y)
 {
-    i8a_rotate_body(x, d, sign, inverse);
+    i8a_rotate_body(x, d, sign, inverse, y);
 }
 
 #endif

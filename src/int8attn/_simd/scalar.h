@@ -93,9 +93,9 @@ static uint64_t i8a_stream_scalar(const void *p, size_t bytes, const void *next)
 }
 
 /* The rotation: the body of common.h, compiled per tier (each tier's ISA vectorizes it). */
-static void i8a_rotate_scalar(float *x, size_t d, const float *sign, int inverse)
+static void i8a_rotate_scalar(const float *x, size_t d, const float *sign, int inverse, float *y)
 {
-    i8a_rotate_body(x, d, sign, inverse);
+    i8a_rotate_body(x, d, sign, inverse, y);
 }
 
 #endif
