@@ -10,10 +10,11 @@ vocabulary. Five of every six layers are sliding-window layers (``window=512``);
 global. The prompt is prefilled through the cache with multi-token causal decode; generation is
 greedy.
 
-``--compare`` runs the same tokens twice, once over int8 caches and once with float attention
-over an unquantized cache, teacher-forced over ``examples/quality_text.txt``, and reports the
-agreement of the next-token choices, the KL divergence of the next-token distributions at the
-last positions, and, per layer, the error of the attention output on the real activations.
+``--compare`` teacher-forces ``examples/quality_text.txt`` over float attention on an
+unquantized cache and over three quantized caches (bfloat16 for scale; int8 without and with the
+rotation), and reports the agreement of the next-token choices and the KL divergence of the
+next-token distributions at every position after the first 1000 tokens, and, per layer, the
+error of the attention output on the real activations.
 """
 
 import argparse
@@ -99,14 +100,25 @@ class Tokenizer:
         return out.decode("utf-8", "replace")
 
 
-class FloatCache:
-    """The comparison path: K/V kept as float32, attention in numpy (int8attn.reference)."""
+def round_bf16(x):
+    """float32 -> the nearest bfloat16 (ties to even), returned as float32."""
+    b = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    b = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return b.view(np.float32)
 
-    def __init__(self, n_kv_heads, head_dim):
+
+class FloatCache:
+    """The comparison path: K/V kept as float32 (or rounded to bfloat16 first, bf16=True),
+    attention in numpy (int8attn.reference)."""
+
+    def __init__(self, n_kv_heads, head_dim, bf16=False):
         self.k = np.zeros((0, n_kv_heads, head_dim), np.float32)
         self.v = np.zeros((0, n_kv_heads, head_dim), np.float32)
+        self.bf16 = bf16
 
     def append(self, k, v):
+        if self.bf16:
+            k, v = round_bf16(k), round_bf16(v)
         self.k = np.concatenate([self.k, k])
         self.v = np.concatenate([self.v, v])
 
@@ -164,13 +176,13 @@ class Gemma3:
         return (layer + 1) % 6 != 0
 
     def caches(self, max_seq, kind="int8", rotate=None):
-        """Per layer: an Int8KVCache ("int8"; rotate=None takes int8attn's default) or the
-        float comparison cache ("fp32")."""
+        """Per layer: an Int8KVCache ("int8"; rotate=None takes int8attn's default) or a
+        float comparison cache ("fp32", or "bf16": K/V rounded to bfloat16)."""
         if kind == "int8":
             extra = {} if rotate is None else {"rotate": rotate}
             return [ia.Int8KVCache(self.n_kv, max_seq, self.head_dim, **extra)
                     for _ in range(self.n_layers)]
-        return [FloatCache(self.n_kv, self.head_dim) for _ in range(self.n_layers)]
+        return [FloatCache(self.n_kv, self.head_dim, kind == "bf16") for _ in range(self.n_layers)]
 
     def forward(self, ids, pos0, caches, record=None):
         """Run tokens ids (at positions pos0 ...) through the model, appending their K/V to the
@@ -230,23 +242,30 @@ def softmax(x):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def compare(model, text_path, last=128, chunk=128):
-    """Teacher-forced over the text: int8 caches, without and with the rotation, against float
-    attention over an unquantized cache. Returns per int8 variant the top-1 agreement, the KL
-    divergence of the next-token distributions at the last positions, and per layer the error
-    of the attention output at the last position (vs the cache's own dequantized history, and
-    vs the unquantized K/V)."""
+# The rows of the quality report: (name, cache kind, rotate).
+VARIANTS = (("fp32", "fp32", None), ("bf16", "bf16", None), ("int8, rotate=False", "int8", False),
+            ("int8, rotate=True", "int8", True))
+INT8 = [name for name, kind, _ in VARIANTS if kind == "int8"]
+
+
+def compare(model, text_path, first=1000, chunk=128):
+    """Teacher-forced over the text: int8 caches without and with the rotation, and a bfloat16
+    cache for scale, each against float attention over an unquantized cache. Returns per
+    variant the top-1 agreement and the KL divergence of the next-token distributions at every
+    position with at least `first` tokens before it, and for the int8 variants, per layer, the
+    error of the attention output at the last position (vs the cache's own dequantized
+    history, and vs the unquantized K/V)."""
     ids = model.tokenizer.encode(open(text_path, encoding="utf-8").read())
     n = len(ids)
-    tail = slice(max(0, n - last), n)
-    probs, layers = {}, {}
-    for name, kind, rotate in (("fp32", "fp32", None), ("int8", "int8", False),
-                               ("int8 rotated", "int8", True)):
+    if n <= first:
+        raise ValueError(f"the text has {n} tokens; the report scores positions after the first {first}")
+    hidden, layers = {}, {}
+    for name, kind, rotate in VARIANTS:
         caches = model.caches(n, kind, rotate)
         raw = [FloatCache(model.n_kv, model.head_dim) for _ in range(model.n_layers)]
         errs = {}
 
-        def record(i, q, a, caches=caches, raw=raw, errs=errs):
+        def record(i, q, a, caches=caches, raw=raw, errs=errs, kind=kind):
             if kind != "int8" or not record.final:
                 return
             kd, vd = caches[i].dequantize()
@@ -257,22 +276,28 @@ def compare(model, text_path, last=128, chunk=128):
             ref_fp = R.attention(q[-1], kr, vr, scale=model.scale)
             errs[i] = (rel_err(a[-1], ref_dq), rel_err(a[-1], ref_fp))
 
-        hidden = []
+        out = []
         for s in range(0, n, chunk):
             record.final = s + chunk >= n
             tap = [RawTap(c, r) for c, r in zip(caches, raw)] if kind == "int8" else caches
-            hidden.append(model.forward(ids[s:s + chunk], s, tap, record))
-        probs[name] = softmax(model.logits(np.concatenate(hidden)[tail]))
+            out.append(model.forward(ids[s:s + chunk], s, tap, record))
+        hidden[name] = np.concatenate(out)[first:]
         layers[name] = errs
-    p = probs["fp32"]
+    # logits block by block: the vocabulary is 262144 wide
+    kl = {name: [] for name, _, _ in VARIANTS[1:]}
+    same = {name: [] for name in kl}
+    for b in range(0, n - first, 64):
+        p = softmax(model.logits(hidden["fp32"][b:b + 64]))
+        for name in kl:
+            q = softmax(model.logits(hidden[name][b:b + 64]))
+            kl[name].append(np.sum(p * (np.log(p + 1e-30) - np.log(q + 1e-30)), axis=-1))
+            same[name].append(p.argmax(-1) == q.argmax(-1))
     rows = {}
-    for name in ("int8", "int8 rotated"):
-        q = probs[name]
-        kl = np.sum(p * (np.log(p + 1e-30) - np.log(q + 1e-30)), axis=-1)
-        rows[name] = {"top1": float(np.mean(p.argmax(-1) == q.argmax(-1))),
-                      "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
-                      "layers": layers[name]}
-    return {"tokens": n, "positions": tail.stop - tail.start, "rows": rows}
+    for name in kl:
+        k, agree = np.concatenate(kl[name]), np.concatenate(same[name])
+        rows[name] = {"top1": float(agree.mean()), "flips": int(np.sum(~agree)),
+                      "kl_mean": float(k.mean()), "kl_max": float(k.max()), "layers": layers[name]}
+    return {"tokens": n, "positions": n - first, "first": first, "rows": rows}
 
 
 class RawTap:
@@ -301,6 +326,8 @@ def main(argv=None):
     ap.add_argument("--compare", action="store_true", help="the quality report instead")
     ap.add_argument("--text", default=os.path.join(HERE, "quality_text.txt"),
                     help="--compare: the text to teacher-force")
+    ap.add_argument("--first", type=int, default=1000,
+                    help="--compare: score the positions after this many tokens")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     model = Gemma3(model_path())
@@ -312,17 +339,19 @@ def main(argv=None):
         print(args.prompt + text)
         print(f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
         return
-    rep = compare(model, args.text)
-    print(f"teacher-forced over {rep['tokens']} tokens; next-token distributions at the last "
-          f"{rep['positions']} positions against fp32 attention over an unquantized cache:")
-    print(f"  {'cache':<14} {'top-1':>7} {'KL mean':>9} {'KL max':>9}")
+    rep = compare(model, args.text, args.first)
+    print(f"teacher-forced over {rep['tokens']} tokens; next-token distributions at the "
+          f"{rep['positions']} positions after the first {rep['first']}, against fp32 attention "
+          "over an unquantized cache:")
+    print(f"  {'cache':<20} {'top-1':>7} {'flips':>6} {'KL mean':>9} {'KL max':>9}")
     for name, row in rep["rows"].items():
-        print(f"  {name:<14} {row['top1'] * 100:>6.1f}% {row['kl_mean']:>9.2e} {row['kl_max']:>9.2e}")
+        print(f"  {name:<20} {row['top1'] * 100:>6.2f}% {row['flips']:>6} {row['kl_mean']:>9.2e} "
+              f"{row['kl_max']:>9.2e}")
     print("attention output at the last position, per layer (max|err| / max|ref|), against the "
           "cache's dequantized history / against the unquantized K/V:")
-    print(f"  {'layer':>5}  {'kind':<6}  {'int8':>19}  {'int8 rotated':>19}")
+    print(f"  {'layer':>5}  {'kind':<6}  " + "  ".join(f"{name:>19}" for name in INT8))
     for i in range(model.n_layers):
-        cells = [rep["rows"][name]["layers"][i] for name in ("int8", "int8 rotated")]
+        cells = [rep["rows"][name]["layers"][i] for name in INT8]
         print(f"  {i:>5}  {'local' if model.local(i) else 'global':<6}  "
               + "  ".join(f"{a:>8.1e} / {b:>8.1e}" for a, b in cells))
 

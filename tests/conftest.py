@@ -30,9 +30,10 @@ def make_kv(rng, s, hkv, d, kind="gauss"):
     return k, v
 
 
-def filled_cache(rng, h_kv, d, s, kind="gauss", cap=None):
+def filled_cache(rng, h_kv, d, s, kind="gauss", cap=None, **options):
+    """A cache of s random tokens (options: Int8KVCache keywords, e.g. rotate); also K and V."""
     k, v = make_kv(rng, s, h_kv, d, kind)
-    cache = ia.Int8KVCache(h_kv, cap or s, d)
+    cache = ia.Int8KVCache(h_kv, cap or s, d, **options)
     cache.append(k, v)
     return cache, k, v
 

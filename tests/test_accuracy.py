@@ -1,5 +1,6 @@
 """Each tier against the math contract (DESIGN section 2): q_bits=16 within 1e-3 of fp32
-attention over the dequantized cache; q_bits=8 within 1e-4 of the kernel-exact emulation."""
+attention over the dequantized cache; q_bits=8 within 1e-4 of the kernel-exact emulation.
+Both with and without the rotation (the default rotates)."""
 
 import numpy as np
 import pytest
@@ -31,11 +32,12 @@ def case_id(c):
     return f"H{c[0]}-Hkv{c[1]}-D{c[2]}-S{c[3]}-{c[4]}"
 
 
+@pytest.mark.parametrize("rotate", [True, False], ids=["rotated", "plain"])
 @pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_q16_within_contract_of_fp32_over_dequantized_cache(tier, case):
+def test_q16_within_contract_of_fp32_over_dequantized_cache(tier, case, rotate):
     h, hkv, d, s, kind = case
     rng = np.random.default_rng(s * 1000 + d)
-    cache, _, _ = filled_cache(rng, hkv, d, s, kind)
+    cache, _, _ = filled_cache(rng, hkv, d, s, kind, rotate=rotate)
     q = rng.standard_normal((h, d)).astype(np.float32)
     kd, vd = cache.dequantize()
     ref = R.attention(q, kd, vd)
@@ -44,11 +46,12 @@ def test_q16_within_contract_of_fp32_over_dequantized_cache(tier, case):
     assert rel_err(out, ref) <= 1e-3
 
 
+@pytest.mark.parametrize("rotate", [True, False], ids=["rotated", "plain"])
 @pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_q8_matches_kernel_exact_emulation(tier, case):
+def test_q8_matches_kernel_exact_emulation(tier, case, rotate):
     h, hkv, d, s, kind = case
     rng = np.random.default_rng(s * 1000 + d + 1)
-    cache, _, _ = filled_cache(rng, hkv, d, s, kind)
+    cache, _, _ = filled_cache(rng, hkv, d, s, kind, rotate=rotate)
     q = rng.standard_normal((h, d)).astype(np.float32)
     kd, vd = cache.dequantize()
     ref = R.attention(q, kd, vd)
@@ -56,8 +59,9 @@ def test_q8_matches_kernel_exact_emulation(tier, case):
     emu = R.emulate(q, cache, q_bits=8)
     err = np.max(np.abs(out.astype(np.float64) - emu), axis=1) / np.max(np.abs(ref), axis=1)
     assert float(err.max()) <= 1e-4
-    # int8 q is the seed's method: coarse, but it must still be attention of this cache
-    assert rel_err(out, ref) <= 0.1
+    # int8 q is the seed's method: coarse (worst case here 0.06 plain, 0.10 rotated, where the
+    # 20x K channels make the softmax peaky), but it must still be attention of this cache
+    assert rel_err(out, ref) <= 0.15
 
 
 @pytest.mark.parametrize("q_bits", [16, 8])

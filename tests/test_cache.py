@@ -56,7 +56,7 @@ def test_bulk_append_equals_per_token_append_bit_for_bit(tier):
 
 def test_views_layout_and_dequantize():
     rng = np.random.default_rng(3)
-    cache, k, v = filled_cache(rng, 3, 32, 21, cap=50)
+    cache, k, v = filled_cache(rng, 3, 32, 21, cap=50, rotate=False)    # rotated: test_rotation
     assert cache.k_i8.shape == (3, 21, 32) and cache.k_i8.dtype == np.int8
     assert cache.v_scale.shape == (3, 21) and cache.v_scale.dtype == np.float32
     codes, scales = R.quantize_rows(v)
@@ -142,7 +142,7 @@ def test_any_float_array_like_and_strides():
     np.testing.assert_array_equal(ref.decode(q), ref.decode(q.astype(np.float32)))
     np.testing.assert_array_equal(ref.decode(q[:, ::-1][:, ::-1]), ref.decode(q.astype(np.float32)))
     np.testing.assert_array_equal(ref.decode(q.T.copy().T), ref.decode(q.astype(np.float32)))
-    half = ia.Int8KVCache(2, 12, 32)
+    half = ia.Int8KVCache(2, 12, 32, rotate=False)       # codes comparable to the quantizer's
     half.append(k.astype(np.float16), v.astype(np.float16))
     np.testing.assert_array_equal(half.k_i8, R.quantize_rows(k.astype(np.float16))[0].transpose(1, 0, 2))
 
@@ -176,7 +176,7 @@ def test_torch_cpu_tensors():
         a.decode(qt, out=torch.zeros((32, 4)).t())
     # bfloat16, which numpy lacks: converted through float32
     kb = torch.from_numpy(k).to(torch.bfloat16)
-    c = ia.Int8KVCache(2, 9, 32)
+    c = ia.Int8KVCache(2, 9, 32, rotate=False)          # codes comparable to the quantizer's
     c.append(kb, kb)
     np.testing.assert_array_equal(c.k_i8, R.quantize_rows(kb.float().numpy())[0].transpose(1, 0, 2))
 

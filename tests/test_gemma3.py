@@ -44,3 +44,22 @@ def test_int8_caches_track_float_attention(model):
     l8, l32 = model.logits(h8[-1:])[0], model.logits(h32[-1:])[0]
     assert int(np.argmax(l8)) == int(np.argmax(l32))
     assert np.max(np.abs(l8 - l32)) < 0.05 * np.max(np.abs(l32))
+
+
+def test_quality_report_on_a_short_text(model, tmp_path):
+    """The --compare report, scaled down: every row scored, bfloat16 closest to fp32, and the
+    rotation closer than plain int8 (the README's table, in miniature)."""
+    text = tmp_path / "t.txt"
+    text.write_text("The lighthouse keeper climbed the stairs at dusk and lit the lamp. Ships "
+                    "passing the point counted the flashes, twelve in a minute, and steered wide "
+                    "of the rocks below, where the tide ran fast over the reef.")
+    with pytest.raises(ValueError, match="scores positions after the first 1000"):
+        gemma3.compare(model, str(text))
+    rep = gemma3.compare(model, str(text), first=16)
+    assert rep["positions"] == rep["tokens"] - 16
+    rows = rep["rows"]
+    assert list(rows) == ["bf16", "int8, rotate=False", "int8, rotate=True"]
+    for row in rows.values():
+        assert 0.0 <= row["top1"] <= 1.0 and 0.0 <= row["kl_mean"] <= row["kl_max"]
+    assert rows["bf16"]["kl_mean"] < rows["int8, rotate=True"]["kl_mean"] < rows["int8, rotate=False"]["kl_mean"]
+    assert sorted(rows["int8, rotate=True"]["layers"]) == list(range(model.n_layers))

@@ -51,13 +51,14 @@ def test_integer_dots_are_exact(tier, d):
     np.testing.assert_array_equal(_cache._dots(q2, k), k.astype(np.int64) @ q2.astype(np.int64))
 
 
-def test_stored_bytes_identical_whichever_tier_appended():
+@pytest.mark.parametrize("rotate", [True, False], ids=["rotated", "plain"])
+def test_stored_bytes_identical_whichever_tier_appended(rotate):
     rng = np.random.default_rng(1)
     k, v = make_kv(rng, 77, 3, 80, "outlier")
     stores = []
     for name in TIERS:
         use_tier(name)
-        cache = ia.Int8KVCache(3, 100, 80)
+        cache = ia.Int8KVCache(3, 100, 80, rotate=rotate)
         cache.append(k[:40], v[:40])
         for t in range(40, 77):
             cache.append(k[t], v[t])
@@ -65,6 +66,8 @@ def test_stored_bytes_identical_whichever_tier_appended():
                        cache.v_scale.tobytes()))
     _cache._set_isa(TIERS[0])
     assert all(s == stores[0] for s in stores)
+    if rotate:       # append = the tier's rotation (bit-identical across tiers), then quantize
+        k = _cache._rotate(k.reshape(-1, 80), R.rotation_signs(80, 0)).reshape(k.shape)
     codes, scales = R.quantize_rows(k)
     assert stores[0][0] == codes.transpose(1, 0, 2).tobytes()
     assert stores[0][2] == scales.T.tobytes()
@@ -87,11 +90,12 @@ def test_every_tier_returns_the_scalar_tiers_bits(shape, q_bits):
         np.testing.assert_array_equal(out.view(np.int32), outs["scalar"].view(np.int32), err_msg=name)
 
 
+@pytest.mark.parametrize("rotate", [True, False], ids=["rotated", "plain"])
 @pytest.mark.parametrize("construction", ["q_zero", "identical_keys"])
 @pytest.mark.parametrize("s", [1, 17, 256, 1000])
-def test_uniform_logits_bit_exact_across_tiers(construction, s):
+def test_uniform_logits_bit_exact_across_tiers(construction, s, rotate):
     """All logits equal: p = exp(0) = 1 exactly, so out is the plain mean of the dequantized V
-    rows in the contract's order, whichever tier runs."""
+    rows in the contract's order (rotated back when the cache rotates), whichever tier runs."""
     rng = np.random.default_rng(s)
     hkv, d, h = 2, 64, 4
     k, v = make_kv(rng, s, hkv, d)
@@ -100,7 +104,7 @@ def test_uniform_logits_bit_exact_across_tiers(construction, s):
         q = rng.standard_normal((h, d)).astype(np.float32)
     else:
         q = np.zeros((h, d), np.float32)
-    cache = ia.Int8KVCache(hkv, s, d)
+    cache = ia.Int8KVCache(hkv, s, d, rotate=rotate)
     cache.append(k, v)
     outs = []
     for name in TIERS:
@@ -111,4 +115,6 @@ def test_uniform_logits_bit_exact_across_tiers(construction, s):
     for out in outs[1:]:
         np.testing.assert_array_equal(out.view(np.int32), outs[0].view(np.int32))
     mean = (cache.v_i8.astype(np.float64) * cache.v_scale[..., None]).mean(axis=1)
+    if rotate:
+        mean = R.rotate(mean, R.rotation_signs(d, 0), inverse=True)
     np.testing.assert_allclose(outs[0], np.repeat(mean, h // hkv, axis=0), rtol=0, atol=1e-5)

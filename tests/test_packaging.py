@@ -19,6 +19,22 @@ def test_installed_package_is_typed():
     assert os.path.exists(os.path.join(PACKAGE, "_cache.pyi"))
 
 
+def test_stub_declares_the_public_api():
+    """Every public name of Int8KVCache is in the stub, and __init__'s keywords and defaults
+    match the runtime ones."""
+    import ast
+    tree = ast.parse(open(os.path.join(PACKAGE, "_cache.pyi")).read())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Int8KVCache")
+    names = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+    names |= {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
+    public = {n for n in dir(ia.Int8KVCache) if not n.startswith("_")}
+    assert public <= names, sorted(public - names)
+    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    stub_kw = {a.arg: ast.literal_eval(d) for a, d in zip(init.args.kwonlyargs, init.args.kw_defaults)}
+    cache = ia.Int8KVCache(1, 1, 16)
+    assert stub_kw == {"rotate": cache.rotate, "rotation_seed": cache.rotation_seed}
+
+
 def test_layout_files(tmp_path):
     variant = write_layout(tmp_path / "k")
     assert variant == str(tmp_path / "k" / "build" / "torch-universal")

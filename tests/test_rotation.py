@@ -127,6 +127,21 @@ def test_save_load_records_the_rotation(tmp_path):
         ia.Int8KVCache.from_state_dict(state)
 
 
+def test_state_without_rotation_keys_loads_unrotated(tmp_path):
+    """Files written before the rotation existed hold plain codes: they load with rotate=False
+    although the default now rotates, and decode as they did."""
+    rng = np.random.default_rng(6)
+    k, v = make_kv(rng, 30, 2, 64)
+    plain = ia.Int8KVCache(2, 40, 64, rotate=False)
+    plain.append(k, v)
+    state = {key: val for key, val in plain.state_dict().items() if not key.startswith("rotat")}
+    np.savez(tmp_path / "old.npz", **state)
+    for back in (ia.Int8KVCache.from_state_dict(state), ia.Int8KVCache.load(tmp_path / "old.npz")):
+        assert back.rotate is False
+        q = rng.standard_normal((4, 64)).astype(np.float32)
+        np.testing.assert_array_equal(back.decode(q), plain.decode(q))
+
+
 @pytest.mark.parametrize("kwargs, exc, match", [({"rotate": 1}, TypeError, "rotate must be True or False"),
                                                 ({"rotation_seed": -1}, ValueError, "rotation_seed must be at least 0"),
                                                 ({"rotation_seed": 1 << 64}, ValueError, "below 2\\*\\*64"),

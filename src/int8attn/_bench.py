@@ -40,7 +40,7 @@ class Case:
     q_bits: int = 16        # int8attn only
     tier: str = ""          # int8attn only; "" = the default tier
     threads: int = 0        # 0 = the default thread count
-    rotate: bool = False    # int8attn only: the cache's Hadamard rotation
+    rotate: bool = True     # int8attn only: the cache's Hadamard rotation (on by default)
 
     @property
     def name(self):
@@ -48,7 +48,7 @@ class Case:
         parts = [self.impl, f"h{self.h}", f"kv{self.hkv}", f"d{self.d}", f"s{self.tokens}",
                  self.regime]
         if self.impl == "int8attn":
-            parts += [f"q{self.q_bits}", self.tier or "default"] + (["rot"] if self.rotate else [])
+            parts += [f"q{self.q_bits}", self.tier or "default"] + ([] if self.rotate else ["plain"])
         parts.append(f"t{self.threads}" if self.threads else "tdefault")
         return "/".join(parts)
 

@@ -62,7 +62,7 @@ cdef const i8a_kernels *_kt = NULL
 cdef dict _tier_index = {}
 
 _ENV_VARS = ("INT8ATTN_ISA", "CA_CPU_ISA")
-DEFAULT_ROTATE = False
+DEFAULT_ROTATE = True
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -272,11 +272,12 @@ cdef class Int8KVCache:
     head_dim : int
         Head dimension D: a multiple of 16, at most 1024.
     rotate : bool
-        Store K and V rotated by a fixed random-sign Walsh-Hadamard transform (orthonormal,
-        block-diagonal over the largest power-of-two block dividing D), and rotate q and the
-        output to match: attention is unchanged, while outlier channels of K no longer set
-        every row's scale. ``k_i8``/``v_i8`` then hold the rotated codes; ``dequantize``
-        returns the un-rotated values.
+        True (the default): store K and V rotated by a fixed random-sign Walsh-Hadamard
+        transform (orthonormal, block-diagonal over the largest power-of-two block dividing D),
+        and rotate q and the output to match: attention is unchanged, while outlier channels of
+        K no longer set every row's scale. ``k_i8``/``v_i8`` then hold the rotated codes;
+        ``dequantize`` returns the un-rotated values. False stores plain per-row absmax codes
+        (with ``q_bits=8``, the seed's exact method).
     rotation_seed : int
         Seed of the rotation's signs (0 .. 2**64 - 1).
 
