@@ -71,16 +71,20 @@ def print_table(results):
               f"{probe} {frac} {err}")
 
 
-def print_rotation(results):
-    """Decode and append cost of the rotation, from this run's medians."""
+def print_rotation(results, default_tier):
+    """Decode and append cost of the rotation, from this run's medians: each plain case against
+    its rotated twin (the default tier named or not)."""
     rows = []
     for r in results:
         c = r["case"]
         if c["impl"] != "int8attn" or c["rotate"]:
             continue
-        rotated = find(results, impl="int8attn", h=c["h"], hkv=c["hkv"], d=c["d"],
-                       tokens=c["tokens"], regime=c["regime"], q_bits=c["q_bits"], tier=c["tier"],
-                       threads=c["threads"], rotate=True)
+        tiers = (c["tier"],) if c["tier"] not in ("", default_tier) else ("", default_tier)
+        rotated = None
+        for tier in tiers:
+            rotated = rotated or find(results, impl="int8attn", h=c["h"], hkv=c["hkv"], d=c["d"],
+                                      tokens=c["tokens"], regime=c["regime"], q_bits=c["q_bits"],
+                                      tier=tier, threads=c["threads"], rotate=True)
         if rotated:
             rows.append((c["tokens"], rotated, r))
     if rows:
@@ -101,7 +105,7 @@ def print_targets(results, default_tier):
     def ours(tokens, regime, h=8):
         for tier in ("", default_tier):
             r = find(results, impl="int8attn", h=h, tokens=tokens, regime=regime, q_bits=16,
-                     tier=tier, threads=0)
+                     tier=tier, threads=0, rotate=True)
             if r:
                 return r
         return None
@@ -154,7 +158,7 @@ def main(argv=None):
     print(f"int8attn {rep['versions']['int8attn']} commit {rep['commit']}; {m['cpu']} "
           f"({m['affinity_cpus']} CPUs); tier {rep['tier']}; threads {rep['threads']}")
     print_table(results)
-    print_rotation(results)
+    print_rotation(results, rep["tier"])
     print_targets(results, rep["tier"])
     print(f"\nreport: {out}")
 

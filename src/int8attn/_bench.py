@@ -80,12 +80,14 @@ def cold_copies(nbytes):
 
 
 def _timed(fn, copies, min_reps, budget):
-    """Time fn(i) over the copies round robin: at least min_reps calls, about `budget` seconds."""
-    for i in range(min(copies, 3) if copies > 1 else 3):
+    """Time fn(i) over the copies round robin: at least min_reps calls, about `budget` seconds,
+    after a warm-up of a tenth of the budget (at least 3 calls: caches, pool, clock speed)."""
+    start, i = time.perf_counter(), 0
+    while i < 3 or time.perf_counter() - start < budget / 10:
         fn(i % copies)
-    times = []
+        i += 1
+    times = []                # i runs on: a cold round robin never meets a copy it just read
     start = time.perf_counter()
-    i = 0
     while len(times) < min_reps or (time.perf_counter() - start < budget and len(times) < 100000):
         t0 = time.perf_counter()
         fn(i % copies)

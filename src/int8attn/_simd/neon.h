@@ -319,9 +319,92 @@ static uint64_t i8a_stream_neon(const void *p, size_t bytes, const void *next)
     return vgetq_lane_u64(x, 0) ^ vgetq_lane_u64(x, 1) ^ i8a_fold_tail(b + i, bytes - i);
 }
 
-static void i8a_rotate_neon(const float *x, size_t d, const float *sign, int inverse, float *y)
+/* The rotation of common.h, stage by stage the same additions and subtractions. A group of
+ * N registers (N * 4 floats, N = 4, 8, 16) goes through every stage below N * 4 without leaving
+ * registers: h = 1, 2 inside each register (the partner by vrev64q / vextq; lanes with bit h
+ * set take partner - self, the others self + partner), then h = 4 .. between registers. Wider
+ * stages (blocks over 64) are passes over memory; the last stage of the block also scales
+ * (and, inverse, applies the signs) before it stores. */
+static inline float32x4_t i8a_rot_lanes_neon(float32x4_t v, float32x4_t p, uint32x4_t hi)
 {
-    i8a_rotate_body(x, d, sign, inverse, y);
+    return vbslq_f32(hi, vsubq_f32(p, v), vaddq_f32(v, p));
+}
+
+/* Stage h (in registers) over the n registers of a group: (r[j], r[j + h]) for j & h == 0. */
+static inline __attribute__((always_inline)) void i8a_rot_regs_neon(float32x4_t *r, int n, int h)
+{
+#pragma GCC unroll 16
+    for (int j = 0; j < n; j++)
+        if (!(j & h)) {
+            const float32x4_t a = r[j], c = r[j + h];
+            r[j] = vaddq_f32(a, c);
+            r[j + h] = vsubq_f32(a, c);
+        }
+}
+
+static inline __attribute__((always_inline)) void
+i8a_rot_groups_neon(const float *in, size_t d, const float *sign, int inverse, int n, int whole,
+                    float32x4_t scale, float *x)
+{
+    static const uint32_t m1[4] = {0, ~0u, 0, ~0u}, m2[4] = {0, 0, ~0u, ~0u};
+    const uint32x4_t h1 = vld1q_u32(m1), h2 = vld1q_u32(m2);
+    for (size_t g = 0; g < d; g += (size_t)n * 4) {
+        float32x4_t r[16];
+#pragma GCC unroll 16
+        for (int j = 0; j < n; j++) {
+            float32x4_t v = vld1q_f32(in + g + 4 * j);
+            if (!inverse)
+                v = vmulq_f32(v, vld1q_f32(sign + g + 4 * j));
+            v = i8a_rot_lanes_neon(v, vrev64q_f32(v), h1);
+            r[j] = i8a_rot_lanes_neon(v, vextq_f32(v, v, 2), h2);
+        }
+        if (n > 1)
+            i8a_rot_regs_neon(r, n, 1);
+        if (n > 2)
+            i8a_rot_regs_neon(r, n, 2);
+        if (n > 4)
+            i8a_rot_regs_neon(r, n, 4);
+        if (n > 8)
+            i8a_rot_regs_neon(r, n, 8);
+#pragma GCC unroll 16
+        for (int j = 0; j < n; j++) {
+            if (whole) {
+                r[j] = vmulq_f32(r[j], scale);
+                if (inverse)
+                    r[j] = vmulq_f32(r[j], vld1q_f32(sign + g + 4 * j));
+            }
+            vst1q_f32(x + g + 4 * j, r[j]);
+        }
+    }
+}
+
+static void i8a_rotate_neon(const float *in, size_t d, const float *sign, int inverse, float *x)
+{
+    const size_t block = d & (~d + 1);                  /* >= 16: d is a multiple of 16 */
+    const float32x4_t scale = vdupq_n_f32(1.0f / sqrtf((float)block));
+    switch (block) {
+    case 16: i8a_rot_groups_neon(in, d, sign, inverse, 4, 1, scale, x); return;
+    case 32: i8a_rot_groups_neon(in, d, sign, inverse, 8, 1, scale, x); return;
+    case 64: i8a_rot_groups_neon(in, d, sign, inverse, 16, 1, scale, x); return;
+    default: i8a_rot_groups_neon(in, d, sign, inverse, 16, 0, scale, x);
+    }
+    for (size_t h = 64; h < block; h *= 2) {
+        const int last = 2 * h == block;
+        for (size_t b = 0; b < d; b += 2 * h)
+            for (size_t i = b; i < b + h; i += 4) {
+                const float32x4_t a = vld1q_f32(x + i), c = vld1q_f32(x + i + h);
+                float32x4_t s = vaddq_f32(a, c), t = vsubq_f32(a, c);
+                if (last) {
+                    s = vmulq_f32(s, scale), t = vmulq_f32(t, scale);
+                    if (inverse) {
+                        s = vmulq_f32(s, vld1q_f32(sign + i));
+                        t = vmulq_f32(t, vld1q_f32(sign + i + h));
+                    }
+                }
+                vst1q_f32(x + i, s);
+                vst1q_f32(x + i + h, t);
+            }
+    }
 }
 
 #endif
