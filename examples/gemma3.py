@@ -286,16 +286,22 @@ def compare(model, text_path, first=1000, chunk=128):
     # logits block by block: the vocabulary is 262144 wide
     kl = {name: [] for name, _, _ in VARIANTS[1:]}
     same = {name: [] for name in kl}
+    margin = []                                           # fp32: top logit minus the second
     for b in range(0, n - first, 64):
-        p = softmax(model.logits(hidden["fp32"][b:b + 64]))
+        logits = model.logits(hidden["fp32"][b:b + 64])
+        top2 = np.partition(logits, -2, axis=-1)[:, -2:]
+        margin.append(top2[:, 1] - top2[:, 0])
+        p = softmax(logits)
         for name in kl:
             q = softmax(model.logits(hidden[name][b:b + 64]))
             kl[name].append(np.sum(p * (np.log(p + 1e-30) - np.log(q + 1e-30)), axis=-1))
             same[name].append(p.argmax(-1) == q.argmax(-1))
+    margin = np.concatenate(margin)
     rows = {}
     for name in kl:
         k, agree = np.concatenate(kl[name]), np.concatenate(same[name])
         rows[name] = {"top1": float(agree.mean()), "flips": int(np.sum(~agree)),
+                      "flip_margin_max": float(margin[~agree].max()) if not agree.all() else 0.0,
                       "kl_mean": float(k.mean()), "kl_max": float(k.max()), "layers": layers[name]}
     return {"tokens": n, "positions": n - first, "first": first, "rows": rows}
 
@@ -343,10 +349,11 @@ def main(argv=None):
     print(f"teacher-forced over {rep['tokens']} tokens; next-token distributions at the "
           f"{rep['positions']} positions after the first {rep['first']}, against fp32 attention "
           "over an unquantized cache:")
-    print(f"  {'cache':<20} {'top-1':>7} {'flips':>6} {'KL mean':>9} {'KL max':>9}")
+    print(f"  {'cache':<20} {'top-1':>7} {'flips':>6} {'KL mean':>9} {'KL max':>9}  "
+          "(flips: changed choices, and the widest fp32 margin among them, in logits)")
     for name, row in rep["rows"].items():
         print(f"  {name:<20} {row['top1'] * 100:>6.2f}% {row['flips']:>6} {row['kl_mean']:>9.2e} "
-              f"{row['kl_max']:>9.2e}")
+              f"{row['kl_max']:>9.2e}  (max margin {row['flip_margin_max']:.3f})")
     print("attention output at the last position, per layer (max|err| / max|ref|), against the "
           "cache's dequantized history / against the unquantized K/V:")
     print(f"  {'layer':>5}  {'kind':<6}  " + "  ".join(f"{name:>19}" for name in INT8))

@@ -61,5 +61,7 @@ def test_quality_report_on_a_short_text(model, tmp_path):
     assert list(rows) == ["bf16", "int8, rotate=False", "int8, rotate=True"]
     for row in rows.values():
         assert 0.0 <= row["top1"] <= 1.0 and 0.0 <= row["kl_mean"] <= row["kl_max"]
+        assert row["flips"] == round((1 - row["top1"]) * rep["positions"])
+        assert (row["flip_margin_max"] > 0) == (row["flips"] > 0)
     assert rows["bf16"]["kl_mean"] < rows["int8, rotate=True"]["kl_mean"] < rows["int8, rotate=False"]["kl_mean"]
     assert sorted(rows["int8, rotate=True"]["layers"]) == list(range(model.n_layers))
