@@ -387,8 +387,7 @@ static uint64_t i8a_stream_avx2(const void *p, size_t bytes, const void *next)
  * N registers (N * 8 floats, N = 1, 2, 4, 8) goes through every stage below N * 8 without
  * leaving registers: h = 1, 2, 4 inside each register (partner lane i ^ h by a permute; lanes
  * with bit h set take partner - self, the others self + partner), then h = 8 .. between
- * registers. Wider stages (blocks over 64) are passes over memory; the last stage of the
- * block also scales (and, inverse, applies the signs) before it stores. */
+ * registers. Wider stages (blocks over 64) are common.h's passes over memory. */
 /* One stage inside a register: partner lane i ^ h (idx), lanes in hi take partner - self. */
 static inline __m256 i8a_rot_lanes_avx2(__m256 v, __m256i idx, __m256 hi)
 {
@@ -457,23 +456,7 @@ static void i8a_rotate_avx2(const float *in, size_t d, const float *sign, int in
     case 64: i8a_rot_groups_avx2(in, d, sign, inverse, 8, 1, scale, x); return;
     default: i8a_rot_groups_avx2(in, d, sign, inverse, 8, 0, scale, x);
     }
-    for (size_t h = 64; h < block; h *= 2) {
-        const int last = 2 * h == block;
-        for (size_t b = 0; b < d; b += 2 * h)
-            for (size_t i = b; i < b + h; i += 8) {
-                const __m256 a = _mm256_loadu_ps(x + i), c = _mm256_loadu_ps(x + i + h);
-                __m256 s = _mm256_add_ps(a, c), t = _mm256_sub_ps(a, c);
-                if (last) {
-                    s = _mm256_mul_ps(s, scale), t = _mm256_mul_ps(t, scale);
-                    if (inverse) {
-                        s = _mm256_mul_ps(s, _mm256_loadu_ps(sign + i));
-                        t = _mm256_mul_ps(t, _mm256_loadu_ps(sign + i + h));
-                    }
-                }
-                _mm256_storeu_ps(x + i, s);
-                _mm256_storeu_ps(x + i + h, t);
-            }
-    }
+    i8a_rotate_stages(x, d, sign, inverse, 64);
 }
 
 #if defined(__clang__)

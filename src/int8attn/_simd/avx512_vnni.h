@@ -389,8 +389,7 @@ static uint64_t i8a_stream_avx512_vnni(const void *p, size_t bytes, const void *
  * N registers (N * 16 floats, N = 1, 2, 4, 8) goes through every stage below N * 16 without
  * leaving registers: h = 1, 2, 4, 8 inside each register (partner lane i ^ h by a permute;
  * lanes with bit h set take partner - self, the others self + partner), then h = 16 .. between
- * registers. Wider stages (blocks over 128) are passes over memory; the last stage of the
- * block also scales (and, inverse, applies the signs) before it stores. */
+ * registers. Wider stages (blocks over 128) are common.h's passes over memory. */
 /* One stage inside a register: partner lane i ^ h (idx), lanes in hi take partner - self. */
 static inline __m512 i8a_rot_lanes_avx512(__m512 v, __m512i idx, __mmask16 hi)
 {
@@ -461,23 +460,7 @@ static void i8a_rotate_avx512_vnni(const float *in, size_t d, const float *sign,
     case 128: i8a_rot_groups_avx512(in, d, sign, inverse, 8, 1, scale, x); return;
     default: i8a_rot_groups_avx512(in, d, sign, inverse, 8, 0, scale, x);
     }
-    for (size_t h = 128; h < block; h *= 2) {
-        const int last = 2 * h == block;
-        for (size_t b = 0; b < d; b += 2 * h)
-            for (size_t i = b; i < b + h; i += 16) {
-                const __m512 a = _mm512_loadu_ps(x + i), c = _mm512_loadu_ps(x + i + h);
-                __m512 s = _mm512_add_ps(a, c), t = _mm512_sub_ps(a, c);
-                if (last) {
-                    s = _mm512_mul_ps(s, scale), t = _mm512_mul_ps(t, scale);
-                    if (inverse) {
-                        s = _mm512_mul_ps(s, _mm512_loadu_ps(sign + i));
-                        t = _mm512_mul_ps(t, _mm512_loadu_ps(sign + i + h));
-                    }
-                }
-                _mm512_storeu_ps(x + i, s);
-                _mm512_storeu_ps(x + i + h, t);
-            }
-    }
+    i8a_rotate_stages(x, d, sign, inverse, 128);
 }
 
 #if defined(__clang__)

@@ -144,31 +144,44 @@ static inline float i8a_softcap(float logit, float cap, float inv_cap)
     return cap * copysignf(t, u);
 }
 
-/* The random-sign Walsh-Hadamard rotation of a row of d floats (in into x; x may be in), block-diagonal over
- * blocks of B = the largest power of two dividing d, orthonormal:
+/* The random-sign Walsh-Hadamard rotation of a row of d floats, from `in` into x (x may be in):
+ * block-diagonal over blocks of B = the largest power of two dividing d (d a multiple of 16, so
+ * B >= 16), orthonormal:
  *   forward: x = x * sign;  butterflies;  x = x * (1 / sqrt(B))
  *   inverse: butterflies;  x = x * (1 / sqrt(B));  x = x * sign
  * The butterflies run for h = 1, 2, 4, .. B/2 over each pair (i, i + h) with i & h == 0:
  * (a, b) -> (a + b, a - b). Each stage is elementwise, so any vector width gives these bits. */
-static inline void i8a_rotate_body(const float *in, size_t d, const float *sign, int inverse,
-                                   float *x)
+
+/* Stages h = from, 2 from, .. B/2 over memory, in place; the last one (h = B/2) also scales and,
+ * inverse, applies the signs before it stores. The SIMD tiers run the stages below `from` in
+ * registers and call this for the rest (nothing when from >= B); the scalar tier runs them all. */
+static inline void i8a_rotate_stages(float *x, size_t d, const float *sign, int inverse,
+                                     size_t from)
 {
     const size_t block = d & (~d + 1);
     const float scale = 1.0f / sqrtf((float)block);
-    for (size_t i = 0; i < d; i++)
-        x[i] = inverse ? in[i] : in[i] * sign[i];
-    for (size_t h = 1; h < block; h *= 2)
+    for (size_t h = from; h < block; h *= 2) {
+        const int last = 2 * h == block;
         for (size_t b = 0; b < d; b += 2 * h)
             for (size_t i = b; i < b + h; i++) {
                 const float a = x[i], c = x[i + h];
-                x[i] = a + c;
-                x[i + h] = a - c;
+                float s = a + c, t = a - c;
+                if (last) {
+                    s = s * scale, t = t * scale;
+                    if (inverse)
+                        s = s * sign[i], t = t * sign[i + h];
+                }
+                x[i] = s, x[i + h] = t;
             }
+    }
+}
+
+static inline void i8a_rotate_body(const float *in, size_t d, const float *sign, int inverse,
+                                   float *x)
+{
     for (size_t i = 0; i < d; i++)
-        x[i] = x[i] * scale;
-    if (inverse)
-        for (size_t i = 0; i < d; i++)
-            x[i] = x[i] * sign[i];
+        x[i] = inverse ? in[i] : in[i] * sign[i];
+    i8a_rotate_stages(x, d, sign, inverse, 1);
 }
 
 /* i8a_logit, then the soft cap when it is on (cap > 0): the scalar form every tier uses for

@@ -323,8 +323,7 @@ static uint64_t i8a_stream_neon(const void *p, size_t bytes, const void *next)
  * N registers (N * 4 floats, N = 4, 8, 16) goes through every stage below N * 4 without leaving
  * registers: h = 1, 2 inside each register (the partner by vrev64q / vextq; lanes with bit h
  * set take partner - self, the others self + partner), then h = 4 .. between registers. Wider
- * stages (blocks over 64) are passes over memory; the last stage of the block also scales
- * (and, inverse, applies the signs) before it stores. */
+ * stages (blocks over 64) are common.h's passes over memory. */
 static inline float32x4_t i8a_rot_lanes_neon(float32x4_t v, float32x4_t p, uint32x4_t hi)
 {
     return vbslq_f32(hi, vsubq_f32(p, v), vaddq_f32(v, p));
@@ -388,23 +387,7 @@ static void i8a_rotate_neon(const float *in, size_t d, const float *sign, int in
     case 64: i8a_rot_groups_neon(in, d, sign, inverse, 16, 1, scale, x); return;
     default: i8a_rot_groups_neon(in, d, sign, inverse, 16, 0, scale, x);
     }
-    for (size_t h = 64; h < block; h *= 2) {
-        const int last = 2 * h == block;
-        for (size_t b = 0; b < d; b += 2 * h)
-            for (size_t i = b; i < b + h; i += 4) {
-                const float32x4_t a = vld1q_f32(x + i), c = vld1q_f32(x + i + h);
-                float32x4_t s = vaddq_f32(a, c), t = vsubq_f32(a, c);
-                if (last) {
-                    s = vmulq_f32(s, scale), t = vmulq_f32(t, scale);
-                    if (inverse) {
-                        s = vmulq_f32(s, vld1q_f32(sign + i));
-                        t = vmulq_f32(t, vld1q_f32(sign + i + h));
-                    }
-                }
-                vst1q_f32(x + i, s);
-                vst1q_f32(x + i + h, t);
-            }
-    }
+    i8a_rotate_stages(x, d, sign, inverse, 64);
 }
 
 #endif
