@@ -60,6 +60,15 @@ def find(results, **want):
     return None
 
 
+def find_tier(results, tier, default_tier, **want):
+    """find() for a case of `tier`, where the default tier's cases may name it or leave it ""."""
+    for t in ("", default_tier) if tier in ("", default_tier) else (tier,):
+        r = find(results, tier=t, **want)
+        if r:
+            return r
+    return None
+
+
 def print_table(results):
     print(f"{'case':<58} {'median ms':>10} {'min ms':>8} {'GB/s':>7} {'probe':>7} {'frac':>5} {'err':>8}")
     for r in results:
@@ -79,12 +88,9 @@ def print_rotation(results, default_tier):
         c = r["case"]
         if c["impl"] != "int8attn" or c["rotate"]:
             continue
-        tiers = (c["tier"],) if c["tier"] not in ("", default_tier) else ("", default_tier)
-        rotated = None
-        for tier in tiers:
-            rotated = rotated or find(results, impl="int8attn", h=c["h"], hkv=c["hkv"], d=c["d"],
-                                      tokens=c["tokens"], regime=c["regime"], q_bits=c["q_bits"],
-                                      tier=tier, threads=c["threads"], rotate=True)
+        rotated = find_tier(results, c["tier"], default_tier, impl="int8attn", h=c["h"],
+                            hkv=c["hkv"], d=c["d"], tokens=c["tokens"], regime=c["regime"],
+                            q_bits=c["q_bits"], threads=c["threads"], rotate=True)
         if rotated:
             rows.append((c["tokens"], rotated, r))
     if rows:
@@ -103,12 +109,8 @@ def print_targets(results, default_tier):
     lines = []
 
     def ours(tokens, regime, h=8):
-        for tier in ("", default_tier):
-            r = find(results, impl="int8attn", h=h, tokens=tokens, regime=regime, q_bits=16,
-                     tier=tier, threads=0, rotate=True)
-            if r:
-                return r
-        return None
+        return find_tier(results, "", default_tier, impl="int8attn", h=h, tokens=tokens,
+                         regime=regime, q_bits=16, threads=0, rotate=True)
 
     def frac(tokens, regime):
         r = ours(tokens, regime)

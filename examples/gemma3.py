@@ -292,10 +292,11 @@ def compare(model, text_path, first=1000, chunk=128):
         top2 = np.partition(logits, -2, axis=-1)[:, -2:]
         margin.append(top2[:, 1] - top2[:, 0])
         p = softmax(logits)
+        logp, top = np.log(p + 1e-30), p.argmax(-1)
         for name in kl:
             q = softmax(model.logits(hidden[name][b:b + 64]))
-            kl[name].append(np.sum(p * (np.log(p + 1e-30) - np.log(q + 1e-30)), axis=-1))
-            same[name].append(p.argmax(-1) == q.argmax(-1))
+            kl[name].append(np.sum(p * (logp - np.log(q + 1e-30)), axis=-1))
+            same[name].append(top == q.argmax(-1))
     margin = np.concatenate(margin)
     rows = {}
     for name in kl:

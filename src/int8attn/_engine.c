@@ -251,7 +251,7 @@ static void finish_head(const decode_job *job, size_t g)
         for (size_t i = 0; i < d; i++)
             o[i] = o[i] * inv;
         if (job->c->sign)
-            job->kt->rotate(o, d, job->c->sign, 1, o);         /* back from the rotated space */
+            job->kt->rotate(o, d, job->c->sign, 1, o);      /* back from the rotated space */
     }
 }
 
