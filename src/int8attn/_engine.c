@@ -356,11 +356,11 @@ static void stream_range(void *ctx, size_t begin, size_t end, size_t worker)
     for (size_t item = begin; item < end; item++) {
         /* the same items, ranges and prefetch of the next item as a decode */
         const i8a_span s = chunk_span(c, item / job->chunks, item % job->chunks);
-        const i8a_span next = item + 1 < end
-            ? chunk_span(c, (item + 1) / job->chunks, (item + 1) % job->chunks) : s;
-        const int more = item + 1 < end;
-        x ^= stream(s.k, s.n * c->d, more ? next.k : NULL);
-        x ^= stream(s.v, s.n * c->d, more ? next.v : NULL);
+        i8a_span next = {0};                                /* no next: NULL, no prefetch */
+        if (item + 1 < end)
+            next = chunk_span(c, (item + 1) / job->chunks, (item + 1) % job->chunks);
+        x ^= stream(s.k, s.n * c->d, next.k);
+        x ^= stream(s.v, s.n * c->d, next.v);
         x ^= stream(s.ks, s.n * sizeof(float), NULL);
         x ^= stream(s.vs, s.n * sizeof(float), NULL);
     }
