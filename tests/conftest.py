@@ -46,12 +46,15 @@ def rel_err(out, ref):
 
 
 def snapshot(cache):
+    """Everything a cache holds (with centering, the float rows of position 0 and the offsets)."""
     return (len(cache), cache.k_i8.copy(), cache.v_i8.copy(), cache.k_scale.copy(),
-            cache.v_scale.copy())
+            cache.v_scale.copy(), cache.k_first, cache.v_first, cache.k_offset, cache.v_offset)
 
 
 def assert_same_state(cache, snap):
     now = snapshot(cache)
     assert now[0] == snap[0]
     for a, b in zip(now[1:], snap[1:]):
-        np.testing.assert_array_equal(a, b)
+        assert (a is None) == (b is None)
+        if a is not None:
+            np.testing.assert_array_equal(a, b)

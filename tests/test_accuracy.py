@@ -1,6 +1,6 @@
 """Each tier against the math contract (DESIGN section 2): q_bits=16 within 1e-3 of fp32
 attention over the dequantized cache; q_bits=8 within 1e-4 of the kernel-exact emulation.
-Both with and without the rotation (the default rotates)."""
+Every format: with and without the rotation and the centering (the default does both)."""
 
 import numpy as np
 import pytest
@@ -32,12 +32,19 @@ def case_id(c):
     return f"H{c[0]}-Hkv{c[1]}-D{c[2]}-S{c[3]}-{c[4]}"
 
 
-@pytest.mark.parametrize("rotate", [True, False], ids=["rotated", "plain"])
+FORMATS = [{"rotate": r, "center": c} for r in (True, False) for c in (True, False)]
+
+
+def format_id(f):
+    return ("rotated" if f["rotate"] else "plain") + ("+centered" if f["center"] else "")
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=format_id)
 @pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_q16_within_contract_of_fp32_over_dequantized_cache(tier, case, rotate):
+def test_q16_within_contract_of_fp32_over_dequantized_cache(tier, case, fmt):
     h, hkv, d, s, kind = case
     rng = np.random.default_rng(s * 1000 + d)
-    cache, _, _ = filled_cache(rng, hkv, d, s, kind, rotate=rotate)
+    cache, _, _ = filled_cache(rng, hkv, d, s, kind, **fmt)
     q = rng.standard_normal((h, d)).astype(np.float32)
     kd, vd = cache.dequantize()
     ref = R.attention(q, kd, vd)
@@ -46,12 +53,12 @@ def test_q16_within_contract_of_fp32_over_dequantized_cache(tier, case, rotate):
     assert rel_err(out, ref) <= 1e-3
 
 
-@pytest.mark.parametrize("rotate", [True, False], ids=["rotated", "plain"])
+@pytest.mark.parametrize("fmt", FORMATS, ids=format_id)
 @pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_q8_matches_kernel_exact_emulation(tier, case, rotate):
+def test_q8_matches_kernel_exact_emulation(tier, case, fmt):
     h, hkv, d, s, kind = case
     rng = np.random.default_rng(s * 1000 + d + 1)
-    cache, _, _ = filled_cache(rng, hkv, d, s, kind, rotate=rotate)
+    cache, _, _ = filled_cache(rng, hkv, d, s, kind, **fmt)
     q = rng.standard_normal((h, d)).astype(np.float32)
     kd, vd = cache.dequantize()
     ref = R.attention(q, kd, vd)

@@ -30,20 +30,24 @@ def test_readme_usage():
 def test_properties_and_nbytes():
     cache = ia.Int8KVCache(3, 100, 48)
     assert (cache.n_kv_heads, cache.max_seq, cache.head_dim, len(cache)) == (3, 100, 48, 0)
-    # codes: 2 * Hkv * max_seq * D bytes; scales: 2 * Hkv * max_seq float32
-    assert cache.nbytes == 2 * 3 * 100 * 48 + 2 * 3 * 100 * 4
+    # codes: 2 * Hkv * max_seq * D bytes; scales: 2 * Hkv * max_seq float32; centering: the
+    # float rows of position 0 and the offsets, 4 * Hkv * D float32
+    assert cache.nbytes == 2 * 3 * 100 * 48 + 2 * 3 * 100 * 4 + 4 * 3 * 48 * 4
+    assert ia.Int8KVCache(3, 100, 48, center=False).nbytes == 2 * 3 * 100 * 48 + 2 * 3 * 100 * 4
     assert "holding 0 tokens" in repr(cache)
 
 
 def test_bulk_append_equals_per_token_append_bit_for_bit(tier):
+    """Without centering every row is stored alone (with it, the append that sets the offsets
+    matters: test_centering)."""
     rng = np.random.default_rng(2)
     k, v = make_kv(rng, 300, 4, 64, "outlier")
-    bulk = ia.Int8KVCache(4, 300, 64)
+    bulk = ia.Int8KVCache(4, 300, 64, center=False)
     bulk.append(k, v)
-    one = ia.Int8KVCache(4, 300, 64)
+    one = ia.Int8KVCache(4, 300, 64, center=False)
     for t in range(300):
         one.append(k[t], v[t])
-    mixed = ia.Int8KVCache(4, 300, 64)
+    mixed = ia.Int8KVCache(4, 300, 64, center=False)
     mixed.append(k[:1], v[:1])
     mixed.append(k[1:257], v[1:257])
     mixed.append(k[257:], v[257:])
@@ -56,7 +60,7 @@ def test_bulk_append_equals_per_token_append_bit_for_bit(tier):
 
 def test_views_layout_and_dequantize():
     rng = np.random.default_rng(3)
-    cache, k, v = filled_cache(rng, 3, 32, 21, cap=50, rotate=False)    # rotated: test_rotation
+    cache, k, v = filled_cache(rng, 3, 32, 21, cap=50, rotate=False, center=False)  # test_rotation, test_centering
     assert cache.k_i8.shape == (3, 21, 32) and cache.k_i8.dtype == np.int8
     assert cache.v_scale.shape == (3, 21) and cache.v_scale.dtype == np.float32
     codes, scales = R.quantize_rows(v)
@@ -119,20 +123,20 @@ def test_out_argument_writes_in_place():
 def test_any_float_array_like_and_strides():
     rng = np.random.default_rng(7)
     k, v = make_kv(rng, 12, 2, 32)
-    ref = ia.Int8KVCache(2, 12, 32)
+    ref = ia.Int8KVCache(2, 12, 32, center=False)     # the lists go in token by token
     ref.append(k, v)
     # float64, non-contiguous, Fortran order, lists, float16
-    c64 = ia.Int8KVCache(2, 12, 32)
+    c64 = ia.Int8KVCache(2, 12, 32, center=False)
     c64.append(k.astype(np.float64), v.astype(np.float64))
     big_k = np.zeros((12, 2, 64), np.float32)
     big_k[:, :, ::2] = k
     big_v = np.zeros((12, 2, 64), np.float32)
     big_v[:, :, ::2] = v
-    strided = ia.Int8KVCache(2, 12, 32)
+    strided = ia.Int8KVCache(2, 12, 32, center=False)
     strided.append(big_k[:, :, ::2], big_v[:, :, ::2])
-    fortran = ia.Int8KVCache(2, 12, 32)
+    fortran = ia.Int8KVCache(2, 12, 32, center=False)
     fortran.append(np.asfortranarray(k), np.asfortranarray(v))
-    lists = ia.Int8KVCache(2, 12, 32)
+    lists = ia.Int8KVCache(2, 12, 32, center=False)
     for t in range(12):
         lists.append(k[t].tolist(), v[t].tolist())
     for c in (c64, strided, fortran, lists):
@@ -142,7 +146,7 @@ def test_any_float_array_like_and_strides():
     np.testing.assert_array_equal(ref.decode(q), ref.decode(q.astype(np.float32)))
     np.testing.assert_array_equal(ref.decode(q[:, ::-1][:, ::-1]), ref.decode(q.astype(np.float32)))
     np.testing.assert_array_equal(ref.decode(q.T.copy().T), ref.decode(q.astype(np.float32)))
-    half = ia.Int8KVCache(2, 12, 32, rotate=False)       # codes comparable to the quantizer's
+    half = ia.Int8KVCache(2, 12, 32, rotate=False, center=False)  # codes comparable to the quantizer's
     half.append(k.astype(np.float16), v.astype(np.float16))
     np.testing.assert_array_equal(half.k_i8, R.quantize_rows(k.astype(np.float16))[0].transpose(1, 0, 2))
 
@@ -176,7 +180,7 @@ def test_torch_cpu_tensors():
         a.decode(qt, out=torch.zeros((32, 4)).t())
     # bfloat16, which numpy lacks: converted through float32
     kb = torch.from_numpy(k).to(torch.bfloat16)
-    c = ia.Int8KVCache(2, 9, 32, rotate=False)          # codes comparable to the quantizer's
+    c = ia.Int8KVCache(2, 9, 32, rotate=False, center=False)  # codes comparable to the quantizer's
     c.append(kb, kb)
     np.testing.assert_array_equal(c.k_i8, R.quantize_rows(kb.float().numpy())[0].transpose(1, 0, 2))
 

@@ -1,6 +1,8 @@
 """Kernel-level properties of every tier: the quantizer bit for bit, exact integer dots,
 and the same output bits as the scalar tier (the contract fixes every operation's order)."""
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -51,24 +53,35 @@ def test_integer_dots_are_exact(tier, d):
     np.testing.assert_array_equal(_cache._dots(q2, k), k.astype(np.int64) @ q2.astype(np.int64))
 
 
+@pytest.mark.parametrize("center", [True, False], ids=["centered", "uncentered"])
 @pytest.mark.parametrize("rotate", [True, False], ids=["rotated", "plain"])
-def test_stored_bytes_identical_whichever_tier_appended(rotate):
+def test_stored_bytes_identical_whichever_tier_appended(rotate, center):
     rng = np.random.default_rng(1)
     k, v = make_kv(rng, 77, 3, 80, "outlier")
     stores = []
     for name in TIERS:
         use_tier(name)
-        cache = ia.Int8KVCache(3, 100, 80, rotate=rotate)
+        cache = ia.Int8KVCache(3, 100, 80, rotate=rotate, center=center)
         cache.append(k[:40], v[:40])
         for t in range(40, 77):
             cache.append(k[t], v[t])
         stores.append((cache.k_i8.tobytes(), cache.v_i8.tobytes(), cache.k_scale.tobytes(),
-                       cache.v_scale.tobytes()))
+                       cache.v_scale.tobytes(), pickle.dumps(cache.k_offset)))
     _cache._set_isa(TIERS[0])
     assert all(s == stores[0] for s in stores)
+    stored = k.copy()
     if rotate:       # append = the tier's rotation (bit-identical across tiers), then quantize
-        k = _cache._rotate(k.reshape(-1, 80), R.rotation_signs(80, 0)).reshape(k.shape)
-    codes, scales = R.quantize_rows(k)
+        stored = _cache._rotate(k.reshape(-1, 80), R.rotation_signs(80, 0)).reshape(k.shape)
+    if center:       # position 0 kept as given; the rows after it minus the offset
+        np.testing.assert_array_equal(cache.k_first, k[0])
+        mean = k[1:40].astype(np.float64).mean(axis=0)
+        if rotate:
+            mean = R.rotate(mean, R.rotation_signs(80, 0))
+        np.testing.assert_allclose(cache.k_offset, mean, rtol=0, atol=1e-5)
+        stored[1:] -= cache.k_offset
+    else:
+        assert cache.k_first is None and cache.k_offset is None
+    codes, scales = R.quantize_rows(stored)
     assert stores[0][0] == codes.transpose(1, 0, 2).tobytes()
     assert stores[0][2] == scales.T.tobytes()
 
@@ -104,7 +117,9 @@ def test_uniform_logits_bit_exact_across_tiers(construction, s, rotate):
         q = rng.standard_normal((h, d)).astype(np.float32)
     else:
         q = np.zeros((h, d), np.float32)
-    cache = ia.Int8KVCache(hkv, s, d, rotate=rotate)
+    # identical keys give identical logits only without centering (position 0's logit is a
+    # float dot, the others integer dots plus the offset's part)
+    cache = ia.Int8KVCache(hkv, s, d, rotate=rotate, center=construction == "q_zero")
     cache.append(k, v)
     outs = []
     for name in TIERS:
@@ -114,7 +129,5 @@ def test_uniform_logits_bit_exact_across_tiers(construction, s, rotate):
     _cache._set_isa(TIERS[0])
     for out in outs[1:]:
         np.testing.assert_array_equal(out.view(np.int32), outs[0].view(np.int32))
-    mean = (cache.v_i8.astype(np.float64) * cache.v_scale[..., None]).mean(axis=1)
-    if rotate:
-        mean = R.rotate(mean, R.rotation_signs(d, 0), inverse=True)
+    mean = cache.dequantize()[1].astype(np.float64).mean(axis=0)
     np.testing.assert_allclose(outs[0], np.repeat(mean, h // hkv, axis=0), rtol=0, atol=1e-5)

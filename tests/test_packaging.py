@@ -32,7 +32,8 @@ def test_stub_declares_the_public_api():
     init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
     stub_kw = {a.arg: ast.literal_eval(d) for a, d in zip(init.args.kwonlyargs, init.args.kw_defaults)}
     cache = ia.Int8KVCache(1, 1, 16)
-    assert stub_kw == {"rotate": cache.rotate, "rotation_seed": cache.rotation_seed}
+    assert stub_kw == {"rotate": cache.rotate, "rotation_seed": cache.rotation_seed,
+                       "center": cache.center}
 
 
 def test_layout_files(tmp_path):

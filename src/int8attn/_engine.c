@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "_pool.h"
+#include "_simd/common.h"
 
 /* x itself, or (with a rotation) its rotated copy in tmp. */
 static const float *maybe_rotated(const i8a_kernels *kt, const i8a_cache *c, const float *x,
@@ -16,20 +17,90 @@ static const float *maybe_rotated(const i8a_kernels *kt, const i8a_cache *c, con
     return tmp;
 }
 
+/* The offsets exist (decode adds them back) once a centered cache holds `len` >= 2 tokens. */
+static int has_offsets(const i8a_cache *c, size_t len)
+{
+    return c->k_first != NULL && len >= 2;
+}
+
+/* Index of the first row r (token * hkv + head) of x [t * hkv][d] holding a NaN or an Inf, or
+ * t * hkv when there is none. */
+static size_t first_bad_row(const float *x, size_t rows, size_t d)
+{
+    for (size_t r = 0; r < rows; r++)
+        for (size_t i = 0; i < d; i++)
+            if (!isfinite(x[r * d + i]))
+                return r;
+    return rows;
+}
+
+/* off[head] = R (the mean of x's rows from token `from` on), per kv head (rotated when the
+ * cache rotates): sums in double, in token order. */
+static void set_offset(const i8a_kernels *kt, const i8a_cache *c, const float *x, size_t t,
+                       size_t from, float *off)
+{
+    const size_t d = c->d;
+    double sum[I8A_MAX_HEAD_DIM];
+    for (size_t head = 0; head < c->hkv; head++) {
+        float *o = off + head * d;
+        for (size_t i = 0; i < d; i++)
+            sum[i] = 0.0;
+        for (size_t tok = from; tok < t; tok++)
+            for (size_t i = 0; i < d; i++)
+                sum[i] += x[(tok * c->hkv + head) * d + i];
+        for (size_t i = 0; i < d; i++)
+            o[i] = (float)(sum[i] / (double)(t - from));
+        if (c->sign)
+            kt->rotate(o, d, c->sign, 0, o);
+    }
+}
+
+/* One row into codes and scale: rotated when the cache rotates, minus off when off != NULL. */
+static int store_row(const i8a_kernels *kt, const i8a_cache *c, const float *x, const float *off,
+                     int8_t *codes, float *scale)
+{
+    float tmp[I8A_MAX_HEAD_DIM];
+    const float *y = maybe_rotated(kt, c, x, tmp);
+    if (off) {
+        for (size_t i = 0; i < c->d; i++)
+            tmp[i] = y[i] - off[i];
+        y = tmp;
+    }
+    return kt->quantize_row(y, c->d, codes, scale);
+}
+
 int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const float *v,
                size_t t, size_t *bad)
 {
-    const size_t d = c->d;
-    float tmp[I8A_MAX_HEAD_DIM];
-    for (size_t r = 0; r < t * c->hkv; r++) {
-        const size_t tok = r / c->hkv, head = r % c->hkv;
-        const size_t row = head * c->cap + c->len + tok;
-        /* a NaN or an Inf stays one through the rotation, so the check still names this row */
-        if (kt->quantize_row(maybe_rotated(kt, c, k + r * d, tmp), d, c->k + row * d, c->ks + row) != 0) {
+    const size_t d = c->d, hkv = c->hkv;
+    if (c->k_first && !has_offsets(c, c->len) && has_offsets(c, c->len + t)) {
+        /* the offsets come from this append: report a bad row before any mean takes it in */
+        const size_t bk = first_bad_row(k, t * hkv, d), bv = first_bad_row(v, t * hkv, d);
+        if (bk < t * hkv || bv < t * hkv) {
+            *bad = bk <= bv ? bk : bv;
+            return bk <= bv ? 1 : 2;
+        }
+        const size_t from = 1 - c->len;                     /* the token at position 1 */
+        set_offset(kt, c, k, t, from, c->k_off);
+        set_offset(kt, c, v, t, from, c->v_off);
+    }
+    for (size_t r = 0; r < t * hkv; r++) {
+        const size_t tok = r / hkv, head = r % hkv, pos = c->len + tok;
+        const size_t row = head * c->cap + pos;
+        const int centered = c->k_first && pos >= 1;
+        if (c->k_first && pos == 0) {
+            memcpy(c->k_first + head * d, k + r * d, d * sizeof(float));
+            memcpy(c->v_first + head * d, v + r * d, d * sizeof(float));
+        }
+        /* a NaN or an Inf stays one through the rotation and the offset, so the check still
+         * names this row */
+        if (store_row(kt, c, k + r * d, centered ? c->k_off + head * d : NULL, c->k + row * d,
+                      c->ks + row) != 0) {
             *bad = r;
             return 1;
         }
-        if (kt->quantize_row(maybe_rotated(kt, c, v + r * d, tmp), d, c->v + row * d, c->vs + row) != 0) {
+        if (store_row(kt, c, v + r * d, centered ? c->v_off + head * d : NULL, c->v + row * d,
+                      c->vs + row) != 0) {
             *bad = r;
             return 2;
         }
@@ -47,21 +118,33 @@ static size_t n_chunks(const i8a_cache *c)
     return (c->len + I8A_CHUNK - 1) / I8A_CHUNK;
 }
 
-/* The positions query tt of t sees, as two half-open ranges in position order: the sinks
- * [a0, b0) (empty without them) and the window up to the query itself [a1, b1). */
+/* Positions before this one are read from float rows, not from the codes. */
+static size_t first_coded(const i8a_cache *c)
+{
+    return c->k_first ? 1 : 0;
+}
+
+/* The positions query tt of t sees, as two half-open ranges of coded positions in position
+ * order: the sinks [a0, b0) (empty without them) and the window up to the query itself
+ * [a1, b1); and whether it sees position 0 from its float row (centering). */
 typedef struct {
     size_t a0, b0, a1, b1;
+    int first;
 } i8a_visible;
 
 static i8a_visible visible(const i8a_cache *c, size_t t, size_t tt, const i8a_options *opt)
 {
     const size_t end = c->len - t + tt + 1;                 /* the query's position + 1 */
     size_t lo = opt->window && end > opt->window ? end - opt->window : 0;
-    i8a_visible v = {0, 0, lo, end};
+    i8a_visible v = {0, 0, lo, end, 0};
     if (opt->sinks >= lo)
         v.a1 = 0;                                           /* the sinks join the window */
     else
         v.b0 = opt->sinks;
+    const size_t e = first_coded(c);
+    v.first = e && (v.a1 == 0 || v.b0 > 0);
+    v.a0 = v.a0 > e ? v.a0 : e;
+    v.a1 = v.a1 > e ? v.a1 : e;
     return v;
 }
 
@@ -74,7 +157,7 @@ static size_t visible_chunks(const i8a_cache *c, size_t t, const i8a_options *op
         int seen = 0;
         for (size_t tt = 0; tt < t && !seen; tt++) {
             const i8a_visible v = visible(c, t, tt, opt);
-            seen = (v.a0 < c1 && c0 < v.b0) || (v.a1 < c1 && c0 < v.b1);
+            seen = (v.a0 < v.b0 && v.a0 < c1 && c0 < v.b0) || (v.a1 < v.b1 && v.a1 < c1 && c0 < v.b1);
         }
         if (seen) {
             if (list)
@@ -106,7 +189,7 @@ size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_opti
 }
 
 /* Scratch layout, every part 64-byte aligned (R = t * nq query rows per kv head):
- *   q_hi, q_lo [hkv][R][d] int8;  c_hi, c_lo [hkv][R] float;  residual [d] float;
+ *   q_hi, q_lo [hkv][R][d] int8;  c_hi, c_lo, bias, first [hkv][R] float;  residual [d] float;
  *   the visible chunks [nvis] size_t;  chunks left per kv head [hkv] (atomic);
  *   running max and sum per kv head [hkv][R] float each;
  *   per (kv head, visible chunk, part): the state of R rows: o [R][d], m [R], l [R]; the part is
@@ -114,7 +197,7 @@ size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_opti
  *   per thread: the attend scratch, 2 * R * I8A_CHUNK floats. */
 typedef struct {
     size_t rows, parts, nvis;
-    size_t q_lo, c_hi, c_lo, residual, vis, left, run_m, run_l, states, workers, end;
+    size_t q_lo, c_hi, c_lo, bias, first, residual, vis, left, run_m, run_l, states, workers, end;
     size_t state_bytes, worker_bytes;
 } layout;
 
@@ -131,7 +214,9 @@ static layout plan(const i8a_cache *c, size_t t, size_t h, const i8a_options *op
     L.q_lo = align64(qrows * d);
     L.c_hi = L.q_lo + align64(qrows * d);
     L.c_lo = L.c_hi + align64(qrows * f);
-    L.residual = L.c_lo + align64(qrows * f);
+    L.bias = L.c_lo + align64(qrows * f);
+    L.first = L.bias + align64(qrows * f);
+    L.residual = L.first + align64(qrows * f);
     L.vis = L.residual + align64(d * f);
     L.left = L.vis + align64(n_chunks(c) * sizeof(size_t));
     L.run_m = L.left + align64(hkv * sizeof(atomic_size_t));
@@ -170,6 +255,15 @@ static int prepare_q(const i8a_kernels *kt, const float *q, size_t d, int two_pl
     return 0;
 }
 
+/* (x . y) * scale over d floats, summed in double in index order. */
+static float dot_scaled(const float *x, const float *y, size_t d, float scale)
+{
+    double acc = 0.0;
+    for (size_t i = 0; i < d; i++)
+        acc += (double)x[i] * (double)y[i];
+    return (float)acc * scale;
+}
+
 typedef struct {
     const i8a_kernels *kt;
     const i8a_cache *c;
@@ -202,6 +296,7 @@ static i8a_query query_at(const decode_job *job, size_t g, size_t r, size_t coun
         (const float *)(job->base + job->L.c_lo) + row,
         job->opt->softcap,
         job->opt->softcap > 0.0f ? 1.0f / job->opt->softcap : 0.0f,
+        (const float *)(job->base + job->L.bias) + row,
     };
     return q;
 }
@@ -214,25 +309,60 @@ static i8a_span span_rows(const i8a_cache *c, size_t g, size_t a, size_t b)
     return span;
 }
 
-/* Chunk `chunk` of kv head g as a span: its positions [c0, c1), the last chunk cut at len. */
-static i8a_span chunk_span(const i8a_cache *c, size_t g, size_t chunk)
+/* The first coded position of chunk `chunk`. */
+static size_t chunk_start(const i8a_cache *c, size_t chunk)
 {
     const size_t c0 = chunk * I8A_CHUNK;
-    return span_rows(c, g, c0, c->len - c0 < I8A_CHUNK ? c->len : c0 + I8A_CHUNK);
+    return c0 > first_coded(c) ? c0 : first_coded(c);
+}
+
+/* Chunk `chunk` of kv head g as a span: its coded positions, the last chunk cut at len. */
+static i8a_span chunk_span(const i8a_cache *c, size_t g, size_t chunk)
+{
+    const size_t c1 = chunk * I8A_CHUNK + I8A_CHUNK;
+    return span_rows(c, g, chunk_start(c, chunk), c1 < c->len ? c1 : c->len);
+}
+
+/* The state of position 0 read from its float row (centering): m = the logit (soft-capped when
+ * the cap is on), l = 1, o = R v_first, minus v_off when `off` (the offset then joins every row
+ * at the end). */
+static void first_state(const decode_job *job, size_t g, size_t r, int off, const i8a_state *run)
+{
+    const i8a_cache *c = job->c;
+    const size_t d = c->d;
+    const float lg = ((const float *)(job->base + job->L.first))[g * job->L.rows + r];
+    const float cap = job->opt->softcap;
+    run->m[0] = cap > 0.0f ? i8a_softcap(lg, cap, 1.0f / cap) : lg;
+    run->l[0] = 1.0f;
+    const float *v0 = c->v_first + g * d;
+    if (c->sign)
+        job->kt->rotate(v0, d, c->sign, 0, run->o);
+    else
+        memcpy(run->o, v0, d * sizeof(float));
+    if (off)
+        for (size_t i = 0; i < d; i++)
+            run->o[i] = run->o[i] - c->v_off[g * d + i];
 }
 
 /* All chunks of kv head g are done: per query row, fold the states it has in position order
- * (chunks, and within a chunk the sinks before the window), normalize into out. */
+ * (position 0 from its float row, chunks, and within a chunk the sinks before the window),
+ * normalize into out, add the V offset when the row saw coded positions (so a row that sees
+ * only position 0 gets the same bits whatever the cache's length). */
 static void finish_head(const decode_job *job, size_t g)
 {
-    const size_t d = job->c->d, nq = job->nq, rows = job->L.rows;
+    const i8a_cache *c = job->c;
+    const size_t d = c->d, nq = job->nq, rows = job->L.rows;
     float *rm = (float *)(job->base + job->L.run_m) + g * rows;
     float *rl = (float *)(job->base + job->L.run_l) + g * rows;
     for (size_t r = 0; r < rows; r++) {
         const size_t tt = r / nq, j = r % nq;
         float *o = job->out + (tt * job->h + g * nq + j) * d;
         const i8a_state run = {rm + r, rl + r, o};
-        int started = 0;
+        const i8a_visible vis = visible(c, job->t, tt, job->opt);
+        const int off = has_offsets(c, c->len) && (vis.a0 < vis.b0 || vis.a1 < vis.b1);
+        int started = vis.first;
+        if (started)
+            first_state(job, g, r, off, &run);
         for (size_t vi = 0; vi < job->L.nvis; vi++) {
             for (size_t part = 0; part < job->L.parts; part++) {
                 const i8a_state st = state_at(job, g, vi, part, r);
@@ -250,8 +380,11 @@ static void finish_head(const decode_job *job, size_t g)
         const float inv = 1.0f / rl[r];
         for (size_t i = 0; i < d; i++)
             o[i] = o[i] * inv;
-        if (job->c->sign)
-            job->kt->rotate(o, d, job->c->sign, 1, o);      /* back from the rotated space */
+        if (off)
+            for (size_t i = 0; i < d; i++)
+                o[i] = o[i] + c->v_off[g * d + i];
+        if (c->sign)
+            job->kt->rotate(o, d, c->sign, 1, o);           /* back from the rotated space */
     }
 }
 
@@ -264,7 +397,7 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t worker)
     for (size_t item = begin; item < end; item++) {
         const size_t g = item / nvis, vi = item % nvis, chunk = job->vis[vi];
         const i8a_span whole_span = chunk_span(c, g, chunk);
-        const size_t c0 = chunk * I8A_CHUNK, c1 = c0 + whole_span.n;
+        const size_t c0 = chunk_start(c, chunk), c1 = c0 + whole_span.n;
         for (size_t part = 0; part < job->L.parts; part++) {
             const i8a_state st = state_at(job, g, vi, part, 0);
             for (size_t r = 0; r < rows; r++)
@@ -316,17 +449,25 @@ int i8a_decode(const i8a_kernels *kt, const i8a_cache *c, const float *q, size_t
     int8_t *q_hi = (int8_t *)job.base, *q_lo = (int8_t *)(job.base + job.L.q_lo);
     float *c_hi = (float *)(job.base + job.L.c_hi), *c_lo = (float *)(job.base + job.L.c_lo);
     float *residual = (float *)(job.base + job.L.residual);
+    float *bias = (float *)(job.base + job.L.bias), *first = (float *)(job.base + job.L.first);
     /* q rows in the order of the kernels: kv head, then query position, then head of the group */
     for (size_t tt = 0; tt < t; tt++) {
         for (size_t head = 0; head < h; head++) {
             const size_t g = head / nq, r = g * job.L.rows + tt * nq + head % nq;
             float tmp[I8A_MAX_HEAD_DIM];
-            const float *qrow = maybe_rotated(kt, c, q + (tt * h + head) * d, tmp);
+            const float *q0 = q + (tt * h + head) * d;
+            const float *qrow = maybe_rotated(kt, c, q0, tmp);
             if (prepare_q(kt, qrow, d, opt->q_bits == 16, opt->scale, q_hi + r * d, q_lo + r * d,
                           c_hi + r, c_lo + r, residual) != 0) {
                 *bad = tt * h + head;
                 return 1;
             }
+            /* centering: the logit of position 0 from its float row, and the K offset's part
+             * of every other logit (both q.x * scale, the dot in double) */
+            bias[r] = has_offsets(c, c->len) ? dot_scaled(qrow, c->k_off + g * d, d, opt->scale)
+                                             : 0.0f;
+            if (c->k_first)
+                first[r] = dot_scaled(q0, c->k_first + g * d, d, opt->scale);
         }
     }
     size_t *vis = (size_t *)(job.base + job.L.vis);
@@ -335,7 +476,11 @@ int i8a_decode(const i8a_kernels *kt, const i8a_cache *c, const float *q, size_t
     atomic_size_t *left = (atomic_size_t *)(job.base + job.L.left);
     for (size_t g = 0; g < hkv; g++)
         atomic_init(left + g, job.L.nvis);
-    i8a_pool_run(hkv * job.L.nvis, threads, decode_range, &job);
+    if (job.L.nvis)
+        i8a_pool_run(hkv * job.L.nvis, threads, decode_range, &job);
+    else                                    /* only position 0, from its float row */
+        for (size_t g = 0; g < hkv; g++)
+            finish_head(&job, g);
     return 0;
 }
 

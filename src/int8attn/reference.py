@@ -138,11 +138,13 @@ def attention(q, k, v, *, scale=None, window=None, sinks=0, softcap=None):
 
 def emulate(q, cache, *, scale=None, q_bits=16):
     """The kernel's method in numpy, for q [H, D] over an Int8KVCache (or anything with its
-    ``k_i8, k_scale, v_i8, v_scale`` views): exact int8 planes of q and exact integer dots, then
-    float64 logits, softmax and accumulation. Returns [H, D] float32."""
+    ``k_i8, k_scale, v_i8, v_scale`` views and, when it centers, ``k_first``, ``v_first``,
+    ``k_offset``, ``v_offset``): exact int8 planes of q and exact integer dots, then float64
+    logits, softmax and accumulation. Returns [H, D] float32."""
     q = np.asarray(q, dtype=np.float32)
     h, d = q.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    q_plain = q
     if getattr(cache, "rotate", False):              # the codes live in the rotated space
         q = rotate(q, rotation_signs(d, cache.rotation_seed)).astype(np.float32)
     k_i8 = _expand(np.asarray(cache.k_i8).transpose(1, 0, 2), h).astype(np.int64)
@@ -153,7 +155,20 @@ def emulate(q, cache, *, scale=None, q_bits=16):
         dots = np.einsum("hd,shd->hs", codes.astype(np.int64), k_i8)
         logits = logits + dots.astype(np.float64) * s.astype(np.float64)[:, None]
     logits = logits * ks.T * scale
-    out = _softmax_attend(logits, _expand(v.transpose(1, 0, 2), h))
+    v = _expand(v.transpose(1, 0, 2), h)                               # [S, H, D]
+    if getattr(cache, "center", False):
+        if cache.k_offset is not None:               # rows past position 0: codes + offset
+            k_off = _expand(np.asarray(cache.k_offset, np.float64)[None], h)[0]
+            logits[:, 1:] += np.einsum("hd,hd->h", q.astype(np.float64), k_off)[:, None] * scale
+            v[1:] += _expand(np.asarray(cache.v_offset, np.float64)[None], h)
+        # position 0 from its float row, in the unrotated space
+        k0 = _expand(np.asarray(cache.k_first, np.float64)[None], h)[0]
+        logits[:, 0] = np.einsum("hd,hd->h", q_plain.astype(np.float64), k0) * scale
+        v0 = _expand(np.asarray(cache.v_first, np.float64)[None], h)[0]
+        if getattr(cache, "rotate", False):
+            v0 = rotate(v0, rotation_signs(d, cache.rotation_seed))
+        v[0] = v0
+    out = _softmax_attend(logits, v)
     if getattr(cache, "rotate", False):              # back from the rotated space
         out = rotate(out, rotation_signs(d, cache.rotation_seed), inverse=True)
     return out.astype(np.float32)

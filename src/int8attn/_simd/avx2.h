@@ -241,19 +241,19 @@ static inline void i8a_kdots_avx2(const i8a_query *q, const i8a_span *kv, int32_
                           dh + j * I8A_CHUNK + s, dl + j * I8A_CHUNK + s);
 }
 
-/* p[s] = i8a_logit(dh[s], dl[s], ...) for s < n, eight at a time; returns max_s p[s]. */
+/* p[s] = i8a_logit_capped(dh[s], dl[s], ...) for s < n, eight at a time; returns max_s p[s]. */
 static inline float i8a_logits_avx2(const int32_t *dh, const int32_t *dl, float c_hi, float c_lo,
-                                    int two, float cap, float inv_cap, const float *ks, size_t n,
-                                    float *p)
+                                    int two, float bias, float cap, float inv_cap, const float *ks,
+                                    size_t n, float *p)
 {
-    const __m256 ch = _mm256_set1_ps(c_hi), cl = _mm256_set1_ps(c_lo);
+    const __m256 ch = _mm256_set1_ps(c_hi), cl = _mm256_set1_ps(c_lo), vb = _mm256_set1_ps(bias);
     __m256 vmax = _mm256_set1_ps(-FLT_MAX);
     size_t s = 0;
     for (; s + 8 <= n; s += 8) {
         __m256 lg = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_load_si256((const __m256i *)(dh + s))), ch);
         if (two)
             lg = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_load_si256((const __m256i *)(dl + s))), cl, lg);
-        lg = _mm256_mul_ps(lg, _mm256_loadu_ps(ks + s));
+        lg = _mm256_add_ps(_mm256_mul_ps(lg, _mm256_loadu_ps(ks + s)), vb);
         if (cap > 0.0f)
             lg = i8a_softcap8_avx2(lg, cap, inv_cap);
         _mm256_store_ps(p + s, lg);
@@ -261,7 +261,7 @@ static inline float i8a_logits_avx2(const int32_t *dh, const int32_t *dl, float 
     }
     float m = i8a_hmax8_avx2(vmax);
     for (; s < n; s++) {
-        p[s] = i8a_logit_capped(dh[s], two ? dl[s] : 0, c_hi, c_lo, two, ks[s], cap, inv_cap);
+        p[s] = i8a_logit_capped(dh[s], two ? dl[s] : 0, c_hi, c_lo, two, ks[s], bias, cap, inv_cap);
         m = p[s] > m ? p[s] : m;
     }
     return m;
@@ -335,7 +335,7 @@ static void i8a_attend_avx2(const i8a_query *q, const i8a_span *kv, float *scrat
         float *p = scratch + j * I8A_CHUNK;
         const float m = i8a_logits_avx2(dh + j * I8A_CHUNK, dl + j * I8A_CHUNK, q->c_hi[j],
                                         q->two_planes ? q->c_lo[j] : 0.0f, q->two_planes,
-                                        q->softcap, q->inv_softcap, kv->ks, n, p);
+                                        q->bias[j], q->softcap, q->inv_softcap, kv->ks, n, p);
         for (size_t s = n; s < i8a_round16(n); s++)
             p[s] = 0.0f;
         out->m[j] = m;

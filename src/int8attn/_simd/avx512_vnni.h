@@ -186,19 +186,19 @@ static inline __m512 i8a_softcap16_avx512_vnni(__m512 l, float cap, float inv_ca
     return _mm512_mul_ps(_mm512_set1_ps(cap), _mm512_castsi512_ps(st));
 }
 
-/* p[s] = i8a_logit(dh[s], dl[s], ...) for s < n, sixteen at a time; returns max_s p[s]. */
+/* p[s] = i8a_logit_capped(dh[s], dl[s], ...) for s < n, sixteen at a time; returns max_s p[s]. */
 static inline float i8a_logits_avx512_vnni(const int32_t *dh, const int32_t *dl, float c_hi,
-                                           float c_lo, int two, float cap, float inv_cap,
+                                           float c_lo, int two, float bias, float cap, float inv_cap,
                                            const float *ks, size_t n, float *p)
 {
-    const __m512 ch = _mm512_set1_ps(c_hi), cl = _mm512_set1_ps(c_lo);
+    const __m512 ch = _mm512_set1_ps(c_hi), cl = _mm512_set1_ps(c_lo), vb = _mm512_set1_ps(bias);
     __m512 vmax = _mm512_set1_ps(-FLT_MAX);
     for (size_t s = 0; s < n; s += 16) {
         const __mmask16 live = n - s >= 16 ? 0xffff : (__mmask16)((1u << (n - s)) - 1);
         __m512 lg = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)(dh + s))), ch);
         if (two)
             lg = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)(dl + s))), cl, lg);
-        lg = _mm512_mul_ps(lg, _mm512_maskz_loadu_ps(live, ks + s));
+        lg = _mm512_add_ps(_mm512_mul_ps(lg, _mm512_maskz_loadu_ps(live, ks + s)), vb);
         if (cap > 0.0f)
             lg = i8a_softcap16_avx512_vnni(lg, cap, inv_cap);
         _mm512_store_ps(p + s, lg);
@@ -335,7 +335,7 @@ static void i8a_attend_avx512_vnni(const i8a_query *q, const i8a_span *kv, float
         float *p = scratch + j * I8A_CHUNK;
         const float m = i8a_logits_avx512_vnni(dh + j * I8A_CHUNK, dl + j * I8A_CHUNK, q->c_hi[j],
                                                q->two_planes ? q->c_lo[j] : 0.0f, q->two_planes,
-                                               q->softcap, q->inv_softcap, kv->ks, n, p);
+                                               q->bias[j], q->softcap, q->inv_softcap, kv->ks, n, p);
         out->m[j] = m;
         out->l[j] = i8a_softmax_avx512_vnni(p, kv->vs, n, m);
     }

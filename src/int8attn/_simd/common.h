@@ -184,12 +184,12 @@ static inline void i8a_rotate_body(const float *in, size_t d, const float *sign,
     i8a_rotate_stages(x, d, sign, inverse, 1);
 }
 
-/* i8a_logit, then the soft cap when it is on (cap > 0): the scalar form every tier uses for
- * the rows its vectors do not cover. */
+/* i8a_logit plus the query row's bias (a separate add), then the soft cap when it is on
+ * (cap > 0): the scalar form every tier uses for the rows its vectors do not cover. */
 static inline float i8a_logit_capped(int32_t dh, int32_t dl, float c_hi, float c_lo, int two,
-                                     float ks, float cap, float inv_cap)
+                                     float ks, float bias, float cap, float inv_cap)
 {
-    const float lg = i8a_logit(dh, dl, c_hi, c_lo, two, ks);
+    const float lg = i8a_logit(dh, dl, c_hi, c_lo, two, ks) + bias;
     return cap > 0.0f ? i8a_softcap(lg, cap, inv_cap) : lg;
 }
 

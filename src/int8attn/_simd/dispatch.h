@@ -27,6 +27,8 @@ typedef struct {
     const float *c_lo;   /* [nq], read only when two_planes */
     float softcap;       /* > 0: logits become softcap * tanh(logit / softcap); 0: off */
     float inv_softcap;   /* 1 / softcap */
+    const float *bias;   /* [nq] added to every logit of the row before the soft cap: the
+                            cache's K offset seen by the row (0 without one) */
 } i8a_query;
 
 /* One chunk of one kv head's history: rows s0 .. s0+n-1, pointers at row s0; and where the

@@ -175,10 +175,10 @@ I8A_INLINE void i8a_kdots_neon_with(i8a_dot16_neon_fn dot16, const i8a_query *q,
                                dh + j * I8A_CHUNK + s, dl + j * I8A_CHUNK + s);
 }
 
-/* p[s] = i8a_logit(dh[s], dl[s], ...) for s < n, four at a time; returns max_s p[s]. */
+/* p[s] = i8a_logit_capped(dh[s], dl[s], ...) for s < n, four at a time; returns max_s p[s]. */
 I8A_INLINE float i8a_logits_neon(const int32_t *dh, const int32_t *dl, float c_hi, float c_lo,
-                                 int two, float cap, float inv_cap, const float *ks, size_t n,
-                                 float *p)
+                                 int two, float bias, float cap, float inv_cap, const float *ks,
+                                 size_t n, float *p)
 {
     float32x4_t vmax = vdupq_n_f32(-FLT_MAX);
     size_t s = 0;
@@ -186,7 +186,7 @@ I8A_INLINE float i8a_logits_neon(const int32_t *dh, const int32_t *dl, float c_h
         float32x4_t lg = vmulq_n_f32(vcvtq_f32_s32(vld1q_s32(dh + s)), c_hi);
         if (two)
             lg = vfmaq_n_f32(lg, vcvtq_f32_s32(vld1q_s32(dl + s)), c_lo);
-        lg = vmulq_f32(lg, vld1q_f32(ks + s));
+        lg = vaddq_f32(vmulq_f32(lg, vld1q_f32(ks + s)), vdupq_n_f32(bias));
         if (cap > 0.0f)
             lg = i8a_softcap4_neon(lg, cap, inv_cap);
         vst1q_f32(p + s, lg);
@@ -194,7 +194,7 @@ I8A_INLINE float i8a_logits_neon(const int32_t *dh, const int32_t *dl, float c_h
     }
     float m = vmaxvq_f32(vmax);
     for (; s < n; s++) {
-        p[s] = i8a_logit_capped(dh[s], two ? dl[s] : 0, c_hi, c_lo, two, ks[s], cap, inv_cap);
+        p[s] = i8a_logit_capped(dh[s], two ? dl[s] : 0, c_hi, c_lo, two, ks[s], bias, cap, inv_cap);
         m = p[s] > m ? p[s] : m;
     }
     return m;
@@ -262,7 +262,7 @@ I8A_INLINE void i8a_attend_neon_with(i8a_dot16_neon_fn dot16, const i8a_query *q
         float *p = scratch + j * I8A_CHUNK;
         const float m = i8a_logits_neon(dh + j * I8A_CHUNK, dl + j * I8A_CHUNK, q->c_hi[j],
                                         q->two_planes ? q->c_lo[j] : 0.0f, q->two_planes,
-                                        q->softcap, q->inv_softcap, kv->ks, n, p);
+                                        q->bias[j], q->softcap, q->inv_softcap, kv->ks, n, p);
         for (size_t s = n; s < i8a_round16(n); s++)
             p[s] = 0.0f;
         out->m[j] = m;

@@ -50,8 +50,8 @@ static void i8a_attend_scalar(const i8a_query *q, const i8a_span *kv, float *scr
             const int8_t *kr = kv->k + s * d;
             int32_t dl = q->two_planes ? i8a_dot_scalar(ql, kr, d) : 0;
             const float lg = i8a_logit_capped(i8a_dot_scalar(qh, kr, d), dl, q->c_hi[j],
-                                              q->c_lo[j], q->two_planes, kv->ks[s], q->softcap,
-                                              q->inv_softcap);
+                                              q->c_lo[j], q->two_planes, kv->ks[s], q->bias[j],
+                                              q->softcap, q->inv_softcap);
             p[s] = lg;
             m = (s == 0 || lg > m) ? lg : m;
         }
