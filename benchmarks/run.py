@@ -27,7 +27,7 @@ def full_cases():
     for q_bits in (16, 8):
         cases += [Case("int8attn", 8, 8, 128, s, "cold", q_bits) for s in (8192, 32768)]
     cases += [Case("int8attn", 8, 8, 128, 32768, "hot")]
-    cases += [Case("int8attn", 8, 8, 128, s, "hot", rotate=False) for s in SEED]  # rotation cost
+    cases += [Case("int8attn", 8, 8, 128, s, "hot", rotate=False) for s in SEED]  # the format's cost
     cases += [Case("int8attn", 32, 8, 128, s, regime) for s in (2048, 8192)
               for regime in ("hot", "cold")]
     cases += [Case("int8attn", 8, 8, 128, 8192, "cold")]  # the 8/8 twin of GQA cold, named alike
@@ -81,8 +81,9 @@ def print_table(results):
 
 
 def print_rotation(results, default_tier):
-    """Decode and append cost of the rotation, from this run's medians: each plain case against
-    its rotated twin (the default tier named or not)."""
+    """Decode and append cost of the default format (rotation, position 0 kept as floats) over
+    the seed's plain one, from this run's medians: each plain case against its default twin
+    (the default tier named or not)."""
     rows = []
     for r in results:
         c = r["case"]
@@ -94,7 +95,8 @@ def print_rotation(results, default_tier):
         if rotated:
             rows.append((c["tokens"], rotated, r))
     if rows:
-        print("\nrotation cost (medians; decode, append of the whole context, append of one token):")
+        print("\ndefault format over plain, i.e. rotation + kept position 0 (medians; decode, "
+              "append of the whole context, append of one token):")
         for tokens, r, p in rows:
             dec = r["time"]["median"] / p["time"]["median"] - 1
             print(f"  {tokens:>6} tokens: decode {p['time']['median'] * 1e6:8.1f} -> "

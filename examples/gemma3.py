@@ -11,8 +11,8 @@ global. The prompt is prefilled through the cache with multi-token causal decode
 greedy.
 
 ``--compare`` teacher-forces ``examples/quality_text.txt`` over float attention on an
-unquantized cache and over three quantized caches (bfloat16 for scale; int8 without and with the
-rotation), and reports the agreement of the next-token choices and the KL divergence of the
+unquantized cache and over quantized caches (bfloat16 for scale; int8 in the seed's plain format,
+rotated, the default, and centered), and reports the agreement of the next-token choices and the KL divergence of the
 next-token distributions at every position after the first 1000 tokens, and, per layer, the
 error of the attention output on the real activations.
 """
@@ -175,12 +175,11 @@ class Gemma3:
         """Five of every six layers use the sliding window; every sixth is global."""
         return (layer + 1) % 6 != 0
 
-    def caches(self, max_seq, kind="int8", rotate=None):
-        """Per layer: an Int8KVCache ("int8"; rotate=None takes int8attn's default) or a
-        float comparison cache ("fp32", or "bf16": K/V rounded to bfloat16)."""
+    def caches(self, max_seq, kind="int8", **options):
+        """Per layer: an Int8KVCache ("int8"; options are its keywords, int8attn's defaults
+        otherwise) or a float comparison cache ("fp32", or "bf16": K/V rounded to bfloat16)."""
         if kind == "int8":
-            extra = {} if rotate is None else {"rotate": rotate}
-            return [ia.Int8KVCache(self.n_kv, max_seq, self.head_dim, **extra)
+            return [ia.Int8KVCache(self.n_kv, max_seq, self.head_dim, **options)
                     for _ in range(self.n_layers)]
         return [FloatCache(self.n_kv, self.head_dim, kind == "bf16") for _ in range(self.n_layers)]
 
@@ -242,26 +241,33 @@ def softmax(x):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-# The rows of the quality report: (name, cache kind, rotate).
-VARIANTS = (("fp32", "fp32", None), ("bf16", "bf16", None), ("int8, rotate=False", "int8", False),
-            ("int8, rotate=True", "int8", True))
+# The rows of the quality report: (name, cache kind, Int8KVCache keywords).
+# "plain" is the seed's format; "rotated" adds the rotation alone; "default" is what
+# Int8KVCache() makes (rotated, position 0 kept as floats); the last adds the offsets.
+VARIANTS = (("fp32", "fp32", {}), ("bf16", "bf16", {}),
+            ("int8, plain", "int8", {"rotate": False, "keep_first": False}),
+            ("int8, rotated", "int8", {"keep_first": False}),
+            ("int8, default", "int8", {}),
+            ("int8, center=True", "int8", {"center": True}))
 INT8 = [name for name, kind, _ in VARIANTS if kind == "int8"]
 
 
-def compare(model, text_path, first=1000, chunk=128):
-    """Teacher-forced over the text: int8 caches without and with the rotation, and a bfloat16
-    cache for scale, each against float attention over an unquantized cache. Returns per
-    variant the top-1 agreement and the KL divergence of the next-token distributions at every
-    position with at least `first` tokens before it, and for the int8 variants, per layer, the
-    error of the attention output at the last position (vs the cache's own dequantized
-    history, and vs the unquantized K/V)."""
+def compare(model, text_path, first=1000, chunk=128, rotation_seed=0):
+    """Teacher-forced over the text: the int8 formats of VARIANTS, and a bfloat16 cache for
+    scale, each against float attention over an unquantized cache. Returns per variant the
+    top-1 agreement and the KL divergence of the next-token distributions at every position
+    with at least `first` tokens before it, and for the int8 variants, per layer, the error of
+    the attention output at the last position (vs the cache's own dequantized history, and vs
+    the unquantized K/V). rotation_seed goes to every rotated int8 cache."""
     ids = model.tokenizer.encode(open(text_path, encoding="utf-8").read())
     n = len(ids)
     if n <= first:
         raise ValueError(f"the text has {n} tokens; the report scores positions after the first {first}")
     hidden, layers = {}, {}
-    for name, kind, rotate in VARIANTS:
-        caches = model.caches(n, kind, rotate)
+    for name, kind, options in VARIANTS:
+        if kind == "int8" and options.get("rotate", True):
+            options = dict(options, rotation_seed=rotation_seed)
+        caches = model.caches(n, kind, **options)
         raw = [FloatCache(model.n_kv, model.head_dim) for _ in range(model.n_layers)]
         errs = {}
 
@@ -335,6 +341,8 @@ def main(argv=None):
                     help="--compare: the text to teacher-force")
     ap.add_argument("--first", type=int, default=1000,
                     help="--compare: score the positions after this many tokens")
+    ap.add_argument("--rotation-seed", type=int, default=0,
+                    help="--compare: the rotated int8 caches' rotation_seed (default 0, int8attn's)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     model = Gemma3(model_path())
@@ -346,22 +354,22 @@ def main(argv=None):
         print(args.prompt + text)
         print(f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
         return
-    rep = compare(model, args.text, args.first)
+    rep = compare(model, args.text, args.first, rotation_seed=args.rotation_seed)
     print(f"teacher-forced over {rep['tokens']} tokens; next-token distributions at the "
           f"{rep['positions']} positions after the first {rep['first']}, against fp32 attention "
           "over an unquantized cache:")
-    print(f"  {'cache':<20} {'top-1':>7} {'flips':>6} {'KL mean':>9} {'KL max':>9}  "
+    print(f"  {'cache':<24} {'top-1':>7} {'flips':>6} {'KL mean':>9} {'KL max':>9}  "
           "(flips: changed choices, and the widest fp32 margin among them, in logits)")
     for name, row in rep["rows"].items():
-        print(f"  {name:<20} {row['top1'] * 100:>6.2f}% {row['flips']:>6} {row['kl_mean']:>9.2e} "
+        print(f"  {name:<24} {row['top1'] * 100:>6.2f}% {row['flips']:>6} {row['kl_mean']:>9.2e} "
               f"{row['kl_max']:>9.2e}  (max margin {row['flip_margin_max']:.3f})")
     print("attention output at the last position, per layer (max|err| / max|ref|), against the "
           "cache's dequantized history / against the unquantized K/V:")
-    print(f"  {'layer':>5}  {'kind':<6}  " + "  ".join(f"{name:>19}" for name in INT8))
+    print(f"  {'layer':>5}  {'kind':<6}  " + "  ".join(f"{name:>22}" for name in INT8))
     for i in range(model.n_layers):
         cells = [rep["rows"][name]["layers"][i] for name in INT8]
         print(f"  {i:>5}  {'local' if model.local(i) else 'global':<6}  "
-              + "  ".join(f"{a:>8.1e} / {b:>8.1e}" for a, b in cells))
+              + "  ".join(f"   {a:>8.1e} / {b:>8.1e}" for a, b in cells))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,10 @@ from int8attn import _cache
 from int8attn import reference as R
 
 
+def Centered(*args, **kw):
+    return ia.Int8KVCache(*args, center=True, **kw)
+
+
 def shifted_kv(rng, s, hkv, d, shift=6.0):
     """K and V with a large per-channel offset shared by every token (as real K has), and a
     position 0 unlike the rest (an attention sink)."""
@@ -27,7 +31,7 @@ def shifted_kv(rng, s, hkv, d, shift=6.0):
 def test_offsets_come_from_the_first_append_past_position_0(rotate):
     rng = np.random.default_rng(1)
     k, v = shifted_kv(rng, 90, 3, 48)
-    cache = ia.Int8KVCache(3, 200, 48, rotate=rotate)
+    cache = Centered(3, 200, 48, rotate=rotate)
     assert cache.center and cache.k_first is None and cache.k_offset is None
     cache.append(k[:1], v[:1])                          # position 0 alone: no offsets yet
     np.testing.assert_array_equal(cache.k_first, k[0])
@@ -54,10 +58,10 @@ def test_offsets_come_from_the_first_append_past_position_0(rotate):
 def test_an_append_that_starts_the_cache_past_position_0_uses_its_own_rows():
     rng = np.random.default_rng(2)
     k, v = shifted_kv(rng, 40, 2, 32)
-    cache = ia.Int8KVCache(2, 40, 32, rotate=False)
+    cache = Centered(2, 40, 32, rotate=False)
     cache.append(k, v)
     np.testing.assert_allclose(cache.k_offset, k[1:].astype(np.float64).mean(axis=0), atol=1e-5)
-    one = ia.Int8KVCache(2, 40, 32, rotate=False)
+    one = Centered(2, 40, 32, rotate=False)
     for t in range(40):                                 # token by token: the offset is row 1
         one.append(k[t], v[t])
     np.testing.assert_array_equal(one.k_offset, k[1])
@@ -68,10 +72,10 @@ def test_an_append_that_starts_the_cache_past_position_0_uses_its_own_rows():
 def test_grouping_after_the_offsets_are_set_does_not_change_a_bit(tier, split):
     rng = np.random.default_rng(3)
     k, v = make_kv(rng, 300, 4, 64, "outlier")
-    bulk = ia.Int8KVCache(4, 300, 64)
+    bulk = Centered(4, 300, 64)
     bulk.append(k[:split + 1], v[:split + 1])
     bulk.append(k[split + 1:], v[split + 1:])
-    one = ia.Int8KVCache(4, 300, 64)
+    one = Centered(4, 300, 64)
     one.append(k[:split + 1], v[:split + 1])
     for t in range(split + 1, 300):
         one.append(k[t], v[t])
@@ -84,7 +88,7 @@ def test_truncating_to_one_token_drops_the_offsets():
     rng = np.random.default_rng(4)
     k, v = shifted_kv(rng, 80, 2, 64)
     k2, v2 = shifted_kv(rng, 30, 2, 64)
-    cache = ia.Int8KVCache(2, 100, 64)
+    cache = Centered(2, 100, 64)
     cache.append(k, v)
     cache.truncate(40)                                  # rows past 0 remain: offsets stay
     kept = cache.k_offset
@@ -92,7 +96,7 @@ def test_truncating_to_one_token_drops_the_offsets():
     cache.truncate(1)
     assert cache.k_offset is None and cache.k_first is not None
     cache.append(k2[1:], v2[1:])                         # new offsets from these rows
-    direct = ia.Int8KVCache(2, 100, 64)
+    direct = Centered(2, 100, 64)
     direct.append(k[:1], v[:1])
     direct.append(k2[1:], v2[1:])
     assert_same_state(cache, snapshot(direct))
@@ -115,7 +119,7 @@ def test_centered_cache_is_attention_over_its_dequantized_history(tier, shape, r
     h, hkv, d, s = shape
     rng = np.random.default_rng(s + d + h)
     k, v = shifted_kv(rng, s, hkv, d)
-    cache = ia.Int8KVCache(hkv, s, d, rotate=rotate)
+    cache = Centered(hkv, s, d, rotate=rotate)
     cache.append(k[:1], v[:1])
     if s > 1:
         cache.append(k[1:], v[1:])
@@ -139,7 +143,7 @@ def test_centered_cache_is_attention_over_its_dequantized_history(tier, shape, r
 def test_every_tier_returns_the_same_bits_under_every_option():
     rng = np.random.default_rng(6)
     k, v = shifted_kv(rng, 700, 2, 96)
-    cache = ia.Int8KVCache(2, 700, 96)
+    cache = Centered(2, 700, 96)
     cache.append(k, v)
     q = rng.standard_normal((4, 4, 96)).astype(np.float32)
     for opts in ({}, {"window": 300}, {"window": 300, "sinks": 1}, {"softcap": 5.0},
@@ -172,7 +176,7 @@ def test_centering_tames_a_common_k_offset(tier):
 def test_a_failed_first_append_past_position_0_sets_nothing(tier):
     rng = np.random.default_rng(8)
     k, v = shifted_kv(rng, 20, 2, 32)
-    cache = ia.Int8KVCache(2, 40, 32)
+    cache = Centered(2, 40, 32)
     cache.append(k[:1], v[:1])
     snap = snapshot(cache)
     bad_v = v[1:].copy()
@@ -194,7 +198,7 @@ def test_a_failed_first_append_past_position_0_sets_nothing(tier):
 def test_save_and_load_keep_the_centering(tmp_path, n):
     rng = np.random.default_rng(9)
     k, v = shifted_kv(rng, 50, 2, 32)
-    cache = ia.Int8KVCache(2, 60, 32, rotation_seed=3)
+    cache = Centered(2, 60, 32, rotation_seed=3)
     if n:
         cache.append(k[:n], v[:n])
     cache.save(tmp_path / "c.npz")
@@ -212,16 +216,16 @@ def test_save_and_load_keep_the_centering(tmp_path, n):
 def test_version_1_files_load_uncentered_and_bad_centering_state_is_refused():
     rng = np.random.default_rng(10)
     k, v = shifted_kv(rng, 30, 2, 32)
-    plain = ia.Int8KVCache(2, 30, 32, center=False)
+    plain = ia.Int8KVCache(2, 30, 32, keep_first=False)
     plain.append(k, v)
     old = {key: val for key, val in plain.state_dict().items()
-           if key not in ("center", "k_first", "v_first", "k_offset", "v_offset")}
+           if key not in ("keep_first", "center", "k_first", "v_first", "k_offset", "v_offset")}
     old["format_version"] = 1
     back = ia.Int8KVCache.from_state_dict(old)
-    assert not back.center
+    assert not back.center and not back.keep_first
     q = rng.standard_normal((4, 32)).astype(np.float32)
     np.testing.assert_array_equal(back.decode(q), plain.decode(q))
-    cache = ia.Int8KVCache(2, 30, 32)
+    cache = Centered(2, 30, 32)
     cache.append(k, v)
     s = cache.state_dict()
     nan = s["k_offset"].copy()
@@ -231,6 +235,7 @@ def test_version_1_files_load_uncentered_and_bad_centering_state_is_refused():
         (dict(s, k_first=s["k_first"][:1]), r"k_first must be float32 \[2, 32\]"),
         (dict(s, v_offset=s["v_offset"].astype(np.float64)), "v_offset must be float32"),
         (dict(s, k_offset=nan), "k_offset holds non-finite"),
+        (dict(s, keep_first=False), "center without keep_first"),
     ):
         with pytest.raises(ValueError, match=match):
             ia.Int8KVCache.from_state_dict(state)
@@ -239,4 +244,8 @@ def test_version_1_files_load_uncentered_and_bad_centering_state_is_refused():
 def test_center_argument_is_checked():
     with pytest.raises(TypeError, match="center must be True or False, got int"):
         ia.Int8KVCache(2, 10, 16, center=1)
-    assert "center=False" in repr(ia.Int8KVCache(2, 10, 16, center=False))
+    with pytest.raises(TypeError, match="keep_first must be True or False, got NoneType"):
+        ia.Int8KVCache(2, 10, 16, keep_first=None)
+    with pytest.raises(ValueError, match="center=True needs keep_first=True"):
+        ia.Int8KVCache(2, 10, 16, keep_first=False, center=True)
+    assert "keep_first=True, center=False" in repr(ia.Int8KVCache(2, 10, 16))

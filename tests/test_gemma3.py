@@ -58,10 +58,22 @@ def test_quality_report_on_a_short_text(model, tmp_path):
     rep = gemma3.compare(model, str(text), first=16)
     assert rep["positions"] == rep["tokens"] - 16
     rows = rep["rows"]
-    assert list(rows) == ["bf16", "int8, rotate=False", "int8, rotate=True"]
+    assert list(rows) == ["bf16", "int8, plain", "int8, rotated", "int8, default",
+                          "int8, center=True"]
     for row in rows.values():
         assert 0.0 <= row["top1"] <= 1.0 and 0.0 <= row["kl_mean"] <= row["kl_max"]
         assert row["flips"] == round((1 - row["top1"]) * rep["positions"])
         assert (row["flip_margin_max"] > 0) == (row["flips"] > 0)
-    assert rows["bf16"]["kl_mean"] < rows["int8, rotate=True"]["kl_mean"] < rows["int8, rotate=False"]["kl_mean"]
-    assert sorted(rows["int8, rotate=True"]["layers"]) == list(range(model.n_layers))
+    assert rows["bf16"]["kl_mean"] < rows["int8, rotated"]["kl_mean"] < rows["int8, plain"]["kl_mean"]
+    assert rows["bf16"]["kl_mean"] < rows["int8, default"]["kl_mean"] < rows["int8, plain"]["kl_mean"]
+    assert sorted(rows["int8, default"]["layers"]) == list(range(model.n_layers))
+
+
+def test_quality_report_rotation_seed_reaches_only_the_rotated_caches(model, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("A river rises in the hills, gathers its streams, and winds through the "
+                    "valley past three towns before it meets the sea at a wide, slow estuary.")
+    a = gemma3.compare(model, str(text), first=8)["rows"]
+    b = gemma3.compare(model, str(text), first=8, rotation_seed=1)["rows"]
+    assert a["int8, plain"] == b["int8, plain"] and a["bf16"] == b["bf16"]
+    assert a["int8, default"]["kl_mean"] != b["int8, default"]["kl_mean"]

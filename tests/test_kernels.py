@@ -80,7 +80,7 @@ def test_stored_bytes_identical_whichever_tier_appended(rotate, center):
         np.testing.assert_allclose(cache.k_offset, mean, rtol=0, atol=1e-5)
         stored[1:] -= cache.k_offset
     else:
-        assert cache.k_first is None and cache.k_offset is None
+        assert cache.k_offset is None
     codes, scales = R.quantize_rows(stored)
     assert stores[0][0] == codes.transpose(1, 0, 2).tobytes()
     assert stores[0][2] == scales.T.tobytes()
@@ -117,9 +117,10 @@ def test_uniform_logits_bit_exact_across_tiers(construction, s, rotate):
         q = rng.standard_normal((h, d)).astype(np.float32)
     else:
         q = np.zeros((h, d), np.float32)
-    # identical keys give identical logits only without centering (position 0's logit is a
-    # float dot, the others integer dots plus the offset's part)
-    cache = ia.Int8KVCache(hkv, s, d, rotate=rotate, center=construction == "q_zero")
+    # identical keys give identical logits only without the float position 0 (its logit is a
+    # float dot, the others integer dots, plus the offset's part when centered)
+    cache = ia.Int8KVCache(hkv, s, d, rotate=rotate, keep_first=construction == "q_zero",
+                           center=construction == "q_zero")
     cache.append(k, v)
     outs = []
     for name in TIERS:

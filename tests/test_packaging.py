@@ -33,7 +33,7 @@ def test_stub_declares_the_public_api():
     stub_kw = {a.arg: ast.literal_eval(d) for a, d in zip(init.args.kwonlyargs, init.args.kw_defaults)}
     cache = ia.Int8KVCache(1, 1, 16)
     assert stub_kw == {"rotate": cache.rotate, "rotation_seed": cache.rotation_seed,
-                       "center": cache.center}
+                       "keep_first": cache.keep_first, "center": cache.center}
 
 
 def test_layout_files(tmp_path):

@@ -40,7 +40,8 @@ class Case:
     q_bits: int = 16        # int8attn only
     tier: str = ""          # int8attn only; "" = the default tier
     threads: int = 0        # 0 = the default thread count
-    rotate: bool = True     # int8attn only: the cache's Hadamard rotation (on by default)
+    rotate: bool = True     # int8attn only: the default format (rotated, position 0 kept as
+                            # floats); False: the seed's plain format ("/plain" in the name)
 
     @property
     def name(self):
@@ -51,6 +52,12 @@ class Case:
             parts += [f"q{self.q_bits}", self.tier or "default"] + ([] if self.rotate else ["plain"])
         parts.append(f"t{self.threads}" if self.threads else "tdefault")
         return "/".join(parts)
+
+
+def _cache_for(case):
+    """An empty cache of the case's format: the default, or the seed's plain one."""
+    plain = {} if case.rotate else {"rotate": False, "keep_first": False}
+    return Int8KVCache(case.hkv, case.tokens, case.d, **plain)
 
 
 def int8_bytes(hkv, tokens, d):
@@ -127,7 +134,7 @@ def run_int8attn(case, budget, rng):
     copies = cold_copies(nbytes) if case.regime == "cold" else 1
     caches = []
     for _ in range(copies):
-        c = Int8KVCache(case.hkv, case.tokens, case.d, rotate=case.rotate)
+        c = _cache_for(case)
         c.append(k, v)
         caches.append(c)
     out = np.empty((case.h, case.d), np.float32)
@@ -138,7 +145,7 @@ def run_int8attn(case, budget, rng):
         decode = _timed(lambda i: caches[i].decode(q, q_bits=case.q_bits, out=out), copies, 20, budget)
         probe = _timed(lambda i: caches[i]._stream_read(used), copies, 20, budget)
         # append: the whole context in one call (prefill), then one token at a time
-        spare = Int8KVCache(case.hkv, case.tokens, case.d, rotate=case.rotate)
+        spare = _cache_for(case)
         bulk = _timed(lambda i: (spare.reset(), spare.append(k, v)), 1, 3, budget / 4)
         one = _timed(lambda i: (spare.reset(), spare.append(k[0], v[0])), 1, 20, budget / 8)
     ref = attention(q, *caches[0].dequantize())

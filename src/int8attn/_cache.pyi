@@ -15,10 +15,11 @@ def get_num_threads() -> int: ...
 class Int8KVCache:
     rotate: bool
     rotation_seed: int
+    keep_first: bool
     center: bool
     def __init__(
         self, n_kv_heads: int, max_seq: int, head_dim: int, *, rotate: bool = True,
-        rotation_seed: int = 0, center: bool = True
+        rotation_seed: int = 0, keep_first: bool = True, center: bool = False
     ) -> None: ...
     @property
     def n_kv_heads(self) -> int: ...

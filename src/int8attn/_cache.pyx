@@ -67,7 +67,8 @@ cdef dict _tier_index = {}
 
 _ENV_VARS = ("INT8ATTN_ISA", "CA_CPU_ISA")
 DEFAULT_ROTATE = True
-DEFAULT_CENTER = True
+DEFAULT_KEEP_FIRST = True
+DEFAULT_CENTER = False
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -285,14 +286,17 @@ cdef class Int8KVCache:
         (with ``q_bits=8``, the seed's exact method).
     rotation_seed : int
         Seed of the rotation's signs (0 .. 2**64 - 1).
+    keep_first : bool
+        True (the default): position 0 (the attention sink most models develop, which takes a
+        large share of many heads' weight) is also kept as float32 (``k_first``/``v_first``),
+        and decode reads it from there instead of from its codes. Costs 2 * Hkv * D floats.
     center : bool
-        True (the default): keep position 0 (the attention sink) as float32 too, and store every
-        later K and V row minus its kv head's offset: the mean of the rows past position 0 of
-        the append that first reaches past it (``k_offset``/``v_offset``, in the stored space).
-        Decode reads position 0 from its float row and adds the offsets back (``q·offset``
-        joins each logit, the V offset the output), so attention is unchanged while the codes
-        spend their range on what varies between tokens. The offsets stay until the cache is
-        truncated to 1 token or fewer. False: every position is codes only, no offsets.
+        True: store every K and V row past position 0 minus its kv head's offset, the mean of
+        the rows past position 0 of the append that first reaches past it (``k_offset``/
+        ``v_offset``, in the stored space); decode adds them back (``q·offset`` joins each
+        logit, the V offset the output). Helps when every K row shares a large offset (a K
+        bias); needs ``keep_first``. The offsets stay until the cache is truncated to 1 token
+        or fewer. False (the default): no offsets.
 
     Notes
     -----
@@ -309,11 +313,13 @@ cdef class Int8KVCache:
     cdef object _sign                         # [D] float32 +-1 of the rotation, or None
     cdef readonly bint rotate
     cdef readonly object rotation_seed
+    cdef readonly bint keep_first
     cdef readonly bint center
-    cdef object _kf, _vf, _ko, _vo           # [Hkv, D] float32 with centering, else None
+    cdef object _kf, _vf                      # [Hkv, D] float32 with keep_first, else None
+    cdef object _ko, _vo                      # [Hkv, D] float32 with center, else None
 
     def __cinit__(self, n_kv_heads, max_seq, head_dim, *, rotate=DEFAULT_ROTATE, rotation_seed=0,
-                  center=DEFAULT_CENTER):
+                  keep_first=DEFAULT_KEEP_FIRST, center=DEFAULT_CENTER):
         hkv = _positive_int(n_kv_heads, "n_kv_heads")
         cap = _positive_int(max_seq, "max_seq")
         d = _positive_int(head_dim, "head_dim")
@@ -349,19 +355,24 @@ cdef class Int8KVCache:
             self._sign[:] = rotation_signs(d, seed)
             sm = self._sign
             self._c.sign = &sm[0]
-        if not isinstance(center, bool):
-            raise TypeError(f"center must be True or False, got {type(center).__name__}")
-        self.center = center
+        for name, value in (("keep_first", keep_first), ("center", center)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be True or False, got {type(value).__name__}")
+        if center and not keep_first:
+            raise ValueError("center=True needs keep_first=True: the offsets come from the rows "
+                             "past position 0, so position 0 is kept as floats")
+        self.keep_first, self.center = keep_first, center
         self._kf = self._vf = self._ko = self._vo = None
         self._c.k_first = self._c.v_first = self._c.k_off = self._c.v_off = NULL
         cdef float[:, ::1] fm
-        if center:
-            self._kf, self._vf, self._ko, self._vo = (
-                np.zeros((hkv, d), np.float32) for _ in range(4))
+        if keep_first:
+            self._kf, self._vf = np.zeros((hkv, d), np.float32), np.zeros((hkv, d), np.float32)
             fm = self._kf
             self._c.k_first = &fm[0, 0]
             fm = self._vf
             self._c.v_first = &fm[0, 0]
+        if center:
+            self._ko, self._vo = np.zeros((hkv, d), np.float32), np.zeros((hkv, d), np.float32)
             fm = self._ko
             self._c.k_off = &fm[0, 0]
             fm = self._vo
@@ -386,9 +397,9 @@ cdef class Int8KVCache:
 
     @property
     def nbytes(self):
-        """Bytes of the cache's buffers (K and V codes and scales for max_seq tokens; with
-        centering, the float rows of position 0 and the offsets)."""
-        extra = 4 * self._c.hkv * self._c.d * 4 if self.center else 0
+        """Bytes of the cache's buffers (K and V codes and scales for max_seq tokens; the float
+        rows of position 0 with keep_first, the offsets with center)."""
+        extra = 2 * self._c.hkv * self._c.d * 4 * (int(self.keep_first) + int(self.center))
         return 2 * self._c.hkv * self._c.cap * (self._c.d + 4) + extra
 
     def __len__(self):
@@ -396,8 +407,8 @@ cdef class Int8KVCache:
 
     def __repr__(self):
         return (f"Int8KVCache(n_kv_heads={self._c.hkv}, max_seq={self._c.cap}, "
-                f"head_dim={self._c.d}, rotate={self.rotate}, center={self.center}) holding "
-                f"{self._c.len} tokens")
+                f"head_dim={self._c.d}, rotate={self.rotate}, keep_first={self.keep_first}, "
+                f"center={self.center}) holding {self._c.len} tokens")
 
     # -- the stored history ---------------------------------------------------------------
 
@@ -423,14 +434,14 @@ cdef class Int8KVCache:
 
     @property
     def k_first(self):
-        """Position 0 of K as appended, [Hkv, D] float32 (a copy), when the cache centers and
+        """Position 0 of K as appended, [Hkv, D] float32 (a copy), when the cache keeps it and
         holds a token; else None."""
-        return self._kf.copy() if self.center and self._c.len else None
+        return self._kf.copy() if self.keep_first and self._c.len else None
 
     @property
     def v_first(self):
         """Position 0 of V as appended, like ``k_first``."""
-        return self._vf.copy() if self.center and self._c.len else None
+        return self._vf.copy() if self.keep_first and self._c.len else None
 
     @property
     def k_offset(self):
@@ -446,7 +457,7 @@ cdef class Int8KVCache:
     def dequantize(self):
         """The history decode attends over, as floats: ``(k, v)``, each [len, Hkv, D] float32:
         code * scale (plus the offset when centered), rotated back when the cache rotates; with
-        centering, position 0 is its float row."""
+        keep_first, position 0 is its float row."""
         n = self._c.len
         k = self._k[:, :n].astype(np.float32) * self._ks[:, :n, None]
         v = self._v[:, :n].astype(np.float32) * self._vs[:, :n, None]
@@ -457,7 +468,7 @@ cdef class Int8KVCache:
             from .reference import rotate
             k = rotate(k, self._sign, inverse=True).astype(np.float32)
             v = rotate(v, self._sign, inverse=True).astype(np.float32)
-        if self.center and n:
+        if self.keep_first and n:
             k[:, 0], v[:, 0] = self._kf, self._vf
         return np.ascontiguousarray(k.transpose(1, 0, 2)), np.ascontiguousarray(v.transpose(1, 0, 2))
 
@@ -474,7 +485,7 @@ cdef class Int8KVCache:
 
     def truncate(self, n):
         """Keep the first n tokens and forget the rest (rejected speculative tokens): the cache
-        is then exactly as it was after its n-th token was appended (with centering, n <= 1 also
+        is then exactly as it was after its n-th token was appended (with center, n <= 1 also
         drops the offsets: the next append sets new ones). 0 <= n <= len(cache)."""
         n = _as_int(n, "n")
         if not 0 <= n <= self._c.len:
@@ -492,9 +503,9 @@ cdef class Int8KVCache:
         ``max_seq``, ``head_dim``, ``length`` (ints); ``rotate`` (bool), ``rotation_seed`` and
         ``rotation_block`` (ints); ``center`` (bool); ``k_i8``, ``v_i8`` [Hkv, length, D] int8
         (rotated codes when the cache rotates); ``k_scale``, ``v_scale`` [Hkv, length] float32;
-        ``k_first``, ``v_first``, ``k_offset``, ``v_offset`` [Hkv, D] float32 (zeros where the
-        cache has none: without centering, or too few tokens). Version 1 files (without
-        centering) load too.
+        ``keep_first`` (bool), ``k_first``, ``v_first``, ``k_offset``, ``v_offset`` [Hkv, D]
+        float32 (zeros where the cache has none). Version 1 files (from before keep_first and
+        center) load with both off.
         """
         zeros = np.zeros((self._c.hkv, self._c.d), np.float32)
         return {
@@ -505,7 +516,7 @@ cdef class Int8KVCache:
             "rotation_block": int(self._c.d & -self._c.d) if self.rotate else 0,
             "k_i8": self.k_i8.copy(), "v_i8": self.v_i8.copy(),
             "k_scale": self.k_scale.copy(), "v_scale": self.v_scale.copy(),
-            "center": bool(self.center),
+            "keep_first": bool(self.keep_first), "center": bool(self.center),
             **{key: zeros.copy() if value is None else value
                for key, value in (("k_first", self.k_first), ("v_first", self.v_first),
                                   ("k_offset", self.k_offset), ("v_offset", self.v_offset))},
@@ -516,10 +527,12 @@ cdef class Int8KVCache:
         """A cache holding exactly what ``state`` (from ``state_dict``) holds. ``max_seq``
         defaults to the saved capacity and must be at least the saved length. Raises ValueError
         naming what is missing, mis-shaped or impossible; nothing is half-loaded."""
-        hkv, cap, d, n, arrays, rotate, seed, center = _check_state(state, max_seq)
-        cdef Int8KVCache cache = cls(hkv, cap, d, rotate=rotate, rotation_seed=seed, center=center)
-        if center:
+        hkv, cap, d, n, arrays, rotate, seed, keep_first, center = _check_state(state, max_seq)
+        cdef Int8KVCache cache = cls(hkv, cap, d, rotate=rotate, rotation_seed=seed,
+                                     keep_first=keep_first, center=center)
+        if keep_first:
             cache._kf[:], cache._vf[:] = arrays["k_first"], arrays["v_first"]
+        if center:
             cache._ko[:], cache._vo[:] = arrays["k_offset"], arrays["v_offset"]
         cache._k[:, :n] = arrays["k_i8"]
         cache._v[:, :n] = arrays["v_i8"]
@@ -727,12 +740,11 @@ def _torch_from_numpy(a):
 _FORMAT = "int8attn.Int8KVCache"
 _FORMAT_VERSION = 2
 _STATE_INTS = ("n_kv_heads", "max_seq", "head_dim", "length")
-_CENTER_KEYS = ("k_first", "v_first", "k_offset", "v_offset")
 
 
 def _check_state(state, max_seq):
-    """Validate a state dict: returns (hkv, cap, d, length, arrays, rotate, seed, center) or
-    raises ValueError."""
+    """Validate a state dict: returns (hkv, cap, d, length, arrays, rotate, seed, keep_first,
+    center) or raises ValueError."""
     if not hasattr(state, "keys"):
         raise TypeError(f"state must be a dict, got {type(state).__name__}")
     missing = [k for k in ("format", "format_version", *_STATE_INTS, "k_i8", "v_i8", "k_scale",
@@ -777,21 +789,24 @@ def _check_state(state, max_seq):
     if rotate and (block != d & -d or not 0 <= seed < 1 << 64):
         raise ValueError(f"state rotation does not match this int8attn: block {block} and seed "
                          f"{seed} for head_dim {d} (expected block {d & -d})")
-    # centering (version 2; version 1 files have none)
+    # the kept first position and the offsets (version 2; version 1 files have neither)
+    keep_first = version >= 2 and bool(np.asarray(state.get("keep_first", False)))
     center = version >= 2 and bool(np.asarray(state.get("center", False)))
-    if center:
-        lacking = [k for k in _CENTER_KEYS if k not in state]
-        if lacking:
-            raise ValueError(f"state lacks {', '.join(lacking)}, which a centered cache needs")
-        for key in _CENTER_KEYS:
-            a = np.asarray(state[key])
-            if a.dtype != np.float32 or a.shape != (hkv, d):
-                raise ValueError(f"state {key} must be float32 {[hkv, d]}, got {a.dtype} "
-                                 f"{list(a.shape)}")
-            if not np.all(np.isfinite(a)):
-                raise ValueError(f"state {key} holds non-finite values")
-            arrays[key] = a
-    return hkv, cap, d, n, arrays, rotate, seed, center
+    if center and not keep_first:
+        raise ValueError("state has center without keep_first, which int8attn never writes")
+    need = (("k_first", "v_first") if keep_first else ()) + (("k_offset", "v_offset") if center else ())
+    lacking = [k for k in need if k not in state]
+    if lacking:
+        raise ValueError(f"state lacks {', '.join(lacking)}, which its keep_first/center need")
+    for key in need:
+        a = np.asarray(state[key])
+        if a.dtype != np.float32 or a.shape != (hkv, d):
+            raise ValueError(f"state {key} must be float32 {[hkv, d]}, got {a.dtype} "
+                             f"{list(a.shape)}")
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"state {key} holds non-finite values")
+        arrays[key] = a
+    return hkv, cap, d, n, arrays, rotate, seed, keep_first, center
 
 
 def _check_out(out, shape):

@@ -20,7 +20,7 @@ static const float *maybe_rotated(const i8a_kernels *kt, const i8a_cache *c, con
 /* The offsets exist (decode adds them back) once a centered cache holds `len` >= 2 tokens. */
 static int has_offsets(const i8a_cache *c, size_t len)
 {
-    return c->k_first != NULL && len >= 2;
+    return c->k_off != NULL && len >= 2;
 }
 
 /* Index of the first row r (token * hkv + head) of x [t * hkv][d] holding a NaN or an Inf, or
@@ -73,7 +73,7 @@ int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const 
                size_t t, size_t *bad)
 {
     const size_t d = c->d, hkv = c->hkv;
-    if (c->k_first && !has_offsets(c, c->len) && has_offsets(c, c->len + t)) {
+    if (c->k_off && !has_offsets(c, c->len) && has_offsets(c, c->len + t)) {
         /* the offsets come from this append: report a bad row before any mean takes it in */
         const size_t bk = first_bad_row(k, t * hkv, d), bv = first_bad_row(v, t * hkv, d);
         if (bk < t * hkv || bv < t * hkv) {
@@ -87,7 +87,7 @@ int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const 
     for (size_t r = 0; r < t * hkv; r++) {
         const size_t tok = r / hkv, head = r % hkv, pos = c->len + tok;
         const size_t row = head * c->cap + pos;
-        const int centered = c->k_first && pos >= 1;
+        const int centered = c->k_off && pos >= 1;
         if (c->k_first && pos == 0) {
             memcpy(c->k_first + head * d, k + r * d, d * sizeof(float));
             memcpy(c->v_first + head * d, v + r * d, d * sizeof(float));
@@ -126,7 +126,7 @@ static size_t first_coded(const i8a_cache *c)
 
 /* The positions query tt of t sees, as two half-open ranges of coded positions in position
  * order: the sinks [a0, b0) (empty without them) and the window up to the query itself
- * [a1, b1); and whether it sees position 0 from its float row (centering). */
+ * [a1, b1); and whether it sees position 0 from its float row (kept first position). */
 typedef struct {
     size_t a0, b0, a1, b1;
     int first;
@@ -190,6 +190,7 @@ size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_opti
 
 /* Scratch layout, every part 64-byte aligned (R = t * nq query rows per kv head):
  *   q_hi, q_lo [hkv][R][d] int8;  c_hi, c_lo, bias, first [hkv][R] float;  residual [d] float;
+ *   position 0's V row in the stored space, first_v [hkv][d] float;
  *   the visible chunks [nvis] size_t;  chunks left per kv head [hkv] (atomic);
  *   running max and sum per kv head [hkv][R] float each;
  *   per (kv head, visible chunk, part): the state of R rows: o [R][d], m [R], l [R]; the part is
@@ -197,7 +198,7 @@ size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_opti
  *   per thread: the attend scratch, 2 * R * I8A_CHUNK floats. */
 typedef struct {
     size_t rows, parts, nvis;
-    size_t q_lo, c_hi, c_lo, bias, first, residual, vis, left, run_m, run_l, states, workers, end;
+    size_t q_lo, c_hi, c_lo, bias, first, first_v, residual, vis, left, run_m, run_l, states, workers, end;
     size_t state_bytes, worker_bytes;
 } layout;
 
@@ -216,7 +217,8 @@ static layout plan(const i8a_cache *c, size_t t, size_t h, const i8a_options *op
     L.c_lo = L.c_hi + align64(qrows * f);
     L.bias = L.c_lo + align64(qrows * f);
     L.first = L.bias + align64(qrows * f);
-    L.residual = L.first + align64(qrows * f);
+    L.first_v = L.first + align64(qrows * f);
+    L.residual = L.first_v + align64(hkv * d * f);
     L.vis = L.residual + align64(d * f);
     L.left = L.vis + align64(n_chunks(c) * sizeof(size_t));
     L.run_m = L.left + align64(hkv * sizeof(atomic_size_t));
@@ -323,25 +325,19 @@ static i8a_span chunk_span(const i8a_cache *c, size_t g, size_t chunk)
     return span_rows(c, g, chunk_start(c, chunk), c1 < c->len ? c1 : c->len);
 }
 
-/* The state of position 0 read from its float row (centering): m = the logit (soft-capped when
- * the cap is on), l = 1, o = R v_first, minus v_off when `off` (the offset then joins every row
- * at the end). */
-static void first_state(const decode_job *job, size_t g, size_t r, int off, const i8a_state *run)
+/* The state of position 0 read from its float row (kept first position): m = the logit
+ * (soft-capped when the cap is on), l = 1, o = v0 (its V row in the stored space), minus v_off
+ * when `off` (the offset then joins every row at the end). */
+static void first_state(const decode_job *job, size_t g, size_t r, const float *v0, int off,
+                        const i8a_state *run)
 {
     const i8a_cache *c = job->c;
-    const size_t d = c->d;
     const float lg = ((const float *)(job->base + job->L.first))[g * job->L.rows + r];
     const float cap = job->opt->softcap;
     run->m[0] = cap > 0.0f ? i8a_softcap(lg, cap, 1.0f / cap) : lg;
     run->l[0] = 1.0f;
-    const float *v0 = c->v_first + g * d;
-    if (c->sign)
-        job->kt->rotate(v0, d, c->sign, 0, run->o);
-    else
-        memcpy(run->o, v0, d * sizeof(float));
-    if (off)
-        for (size_t i = 0; i < d; i++)
-            run->o[i] = run->o[i] - c->v_off[g * d + i];
+    for (size_t i = 0; i < c->d; i++)
+        run->o[i] = off ? v0[i] - c->v_off[g * c->d + i] : v0[i];
 }
 
 /* All chunks of kv head g are done: per query row, fold the states it has in position order
@@ -354,6 +350,11 @@ static void finish_head(const decode_job *job, size_t g)
     const size_t d = c->d, nq = job->nq, rows = job->L.rows;
     float *rm = (float *)(job->base + job->L.run_m) + g * rows;
     float *rl = (float *)(job->base + job->L.run_l) + g * rows;
+    float *v0 = (float *)(job->base + job->L.first_v) + g * d;
+    if (c->k_first && c->sign)
+        job->kt->rotate(c->v_first + g * d, d, c->sign, 0, v0);    /* once for the head's rows */
+    else if (c->k_first)
+        memcpy(v0, c->v_first + g * d, d * sizeof(float));
     for (size_t r = 0; r < rows; r++) {
         const size_t tt = r / nq, j = r % nq;
         float *o = job->out + (tt * job->h + g * nq + j) * d;
@@ -362,7 +363,7 @@ static void finish_head(const decode_job *job, size_t g)
         const int off = has_offsets(c, c->len) && (vis.a0 < vis.b0 || vis.a1 < vis.b1);
         int started = vis.first;
         if (started)
-            first_state(job, g, r, off, &run);
+            first_state(job, g, r, v0, off, &run);
         for (size_t vi = 0; vi < job->L.nvis; vi++) {
             for (size_t part = 0; part < job->L.parts; part++) {
                 const i8a_state st = state_at(job, g, vi, part, r);
@@ -462,7 +463,7 @@ int i8a_decode(const i8a_kernels *kt, const i8a_cache *c, const float *q, size_t
                 *bad = tt * h + head;
                 return 1;
             }
-            /* centering: the logit of position 0 from its float row, and the K offset's part
+            /* the logit of position 0 from its float row, and the K offset's part
              * of every other logit (both q.x * scale, the dot in double) */
             bias[r] = has_offsets(c, c->len) ? dot_scaled(qrow, c->k_off + g * d, d, opt->scale)
                                              : 0.0f;

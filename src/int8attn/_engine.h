@@ -13,10 +13,12 @@
  * rotation (sign != NULL) K and V rows are stored rotated, q is rotated before the dots and
  * the output rotated back: (Rq).(Rk) = q.k and R^T sum p (R v) = sum p v.
  *
- * Centering (k_first != NULL): position 0, the attention sink, is also kept as given in
- * k_first / v_first and decode reads it from there; every later row is stored minus its kv
- * head's offset (k_off / v_off, in the stored space), which decode adds back: q.off joins each
- * logit (the query's bias) and the V offset joins the output (the weights sum to 1). The
+ * Keeping the first position (k_first != NULL): position 0, the attention sink, is also kept as
+ * given in k_first / v_first, and decode reads it from there instead of from its codes.
+ *
+ * Centering (k_off != NULL, only with k_first): every row past position 0 is stored minus its
+ * kv head's offset (k_off / v_off, in the stored space), which decode adds back: q.off joins
+ * each logit (the query's bias) and the V offset joins the output (the weights sum to 1). The
  * offsets exist once the cache holds 2 or more tokens: the append that first reaches past
  * position 0 sets them to the mean of its own rows past position 0. */
 typedef struct {
@@ -24,13 +26,13 @@ typedef struct {
     float *ks, *vs;
     size_t hkv, cap, d, len;
     const float *sign;          /* [d] +-1 of the random-sign Hadamard rotation, or NULL */
-    float *k_first, *v_first;   /* [hkv][d] position 0 as appended, or NULL: no centering */
-    float *k_off, *v_off;       /* [hkv][d], with k_first */
+    float *k_first, *v_first;   /* [hkv][d] position 0 as appended, or NULL */
+    float *k_off, *v_off;       /* [hkv][d] the offsets, or NULL: no centering */
 } i8a_cache;
 
 /* Quantize t tokens, k and v each [t][hkv][d] float32, into rows len .. len+t-1 (len itself is
- * not changed: the caller commits it; with centering, the first row and the offsets written
- * here count only once it does). Returns 0, or 1 / 2 when k / v holds a NaN or an Inf, with
+ * not changed: the caller commits it; position 0's float row and the offsets written here
+ * count only once it does). Returns 0, or 1 / 2 when k / v holds a NaN or an Inf, with
  * *bad = token * hkv + head of the first such row. Requires len + t <= cap. */
 int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const float *v,
                size_t t, size_t *bad);

@@ -138,8 +138,8 @@ def attention(q, k, v, *, scale=None, window=None, sinks=0, softcap=None):
 
 def emulate(q, cache, *, scale=None, q_bits=16):
     """The kernel's method in numpy, for q [H, D] over an Int8KVCache (or anything with its
-    ``k_i8, k_scale, v_i8, v_scale`` views and, when it centers, ``k_first``, ``v_first``,
-    ``k_offset``, ``v_offset``): exact int8 planes of q and exact integer dots, then float64
+    ``k_i8, k_scale, v_i8, v_scale`` views, and ``k_first``, ``v_first`` when it keeps the first
+    position, ``k_offset``, ``v_offset`` when it centers): exact int8 planes of q and exact integer dots, then float64
     logits, softmax and accumulation. Returns [H, D] float32."""
     q = np.asarray(q, dtype=np.float32)
     h, d = q.shape
@@ -156,12 +156,12 @@ def emulate(q, cache, *, scale=None, q_bits=16):
         logits = logits + dots.astype(np.float64) * s.astype(np.float64)[:, None]
     logits = logits * ks.T * scale
     v = _expand(v.transpose(1, 0, 2), h)                               # [S, H, D]
-    if getattr(cache, "center", False):
-        if cache.k_offset is not None:               # rows past position 0: codes + offset
-            k_off = _expand(np.asarray(cache.k_offset, np.float64)[None], h)[0]
-            logits[:, 1:] += np.einsum("hd,hd->h", q.astype(np.float64), k_off)[:, None] * scale
-            v[1:] += _expand(np.asarray(cache.v_offset, np.float64)[None], h)
-        # position 0 from its float row, in the unrotated space
+    if getattr(cache, "center", False) and cache.k_offset is not None:
+        # rows past position 0: codes * scale + offset
+        k_off = _expand(np.asarray(cache.k_offset, np.float64)[None], h)[0]
+        logits[:, 1:] += np.einsum("hd,hd->h", q.astype(np.float64), k_off)[:, None] * scale
+        v[1:] += _expand(np.asarray(cache.v_offset, np.float64)[None], h)
+    if getattr(cache, "keep_first", False):       # position 0 from its float row
         k0 = _expand(np.asarray(cache.k_first, np.float64)[None], h)[0]
         logits[:, 0] = np.einsum("hd,hd->h", q_plain.astype(np.float64), k0) * scale
         v0 = _expand(np.asarray(cache.v_first, np.float64)[None], h)[0]

@@ -31,10 +31,12 @@ static int run_case(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
     i8a_cache c = {0};
     c.hkv = hkv, c.cap = len, c.d = d, c.len = 0;
     c.sign = len % 4 == 1 ? sign : NULL;        /* the rotation on a quarter of the cases */
-    float *centering = len % 3 ? malloc(4 * hkv * d * sizeof(float)) : NULL;   /* on two thirds */
+    /* position 0 kept as floats on two thirds of the cases, and the offsets on half of those */
+    float *centering = len % 3 ? malloc(4 * hkv * d * sizeof(float)) : NULL;
     if (centering)
-        c.k_first = centering, c.v_first = centering + hkv * d, c.k_off = centering + 2 * hkv * d,
-        c.v_off = centering + 3 * hkv * d;
+        c.k_first = centering, c.v_first = centering + hkv * d;
+    if (len % 3 == 2)
+        c.k_off = centering + 2 * hkv * d, c.v_off = centering + 3 * hkv * d;
     c.k = malloc(hkv * len * d), c.v = malloc(hkv * len * d);
     c.ks = malloc(hkv * len * sizeof(float)), c.vs = malloc(hkv * len * sizeof(float));
     float *k = malloc(len * hkv * d * sizeof(float)), *v = malloc(len * hkv * d * sizeof(float));
