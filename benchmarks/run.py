@@ -27,7 +27,8 @@ def full_cases():
     for q_bits in (16, 8):
         cases += [Case("int8attn", 8, 8, 128, s, "cold", q_bits) for s in (8192, 32768)]
     cases += [Case("int8attn", 8, 8, 128, 32768, "hot")]
-    cases += [Case("int8attn", 8, 8, 128, s, "hot", rotate=False) for s in SEED]  # the format's cost
+    for s in SEED:      # the format's cost: the default and the seed's plain format, back to back
+        cases += [Case("int8attn", 8, 8, 128, s, "hot"), Case("int8attn", 8, 8, 128, s, "hot", rotate=False)]
     cases += [Case("int8attn", 32, 8, 128, s, regime) for s in (2048, 8192)
               for regime in ("hot", "cold")]
     cases += [Case("int8attn", 8, 8, 128, 8192, "cold")]  # the 8/8 twin of GQA cold, named alike
