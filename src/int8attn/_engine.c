@@ -73,7 +73,7 @@ int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const 
                size_t t, size_t *bad)
 {
     const size_t d = c->d, hkv = c->hkv;
-    if (c->k_off && !has_offsets(c, c->len) && has_offsets(c, c->len + t)) {
+    if (!has_offsets(c, c->len) && has_offsets(c, c->len + t)) {
         /* the offsets come from this append: report a bad row before any mean takes it in */
         const size_t bk = first_bad_row(k, t * hkv, d), bv = first_bad_row(v, t * hkv, d);
         if (bk < t * hkv || bv < t * hkv) {
@@ -157,7 +157,8 @@ static size_t visible_chunks(const i8a_cache *c, size_t t, const i8a_options *op
         int seen = 0;
         for (size_t tt = 0; tt < t && !seen; tt++) {
             const i8a_visible v = visible(c, t, tt, opt);
-            seen = (v.a0 < v.b0 && v.a0 < c1 && c0 < v.b0) || (v.a1 < v.b1 && v.a1 < c1 && c0 < v.b1);
+            seen = (v.a0 < v.b0 && v.a0 < c1 && c0 < v.b0)
+                || (v.a1 < v.b1 && v.a1 < c1 && c0 < v.b1);
         }
         if (seen) {
             if (list)
@@ -198,7 +199,8 @@ size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_opti
  *   per thread: the attend scratch, 2 * R * I8A_CHUNK floats. */
 typedef struct {
     size_t rows, parts, nvis;
-    size_t q_lo, c_hi, c_lo, bias, first, first_v, residual, vis, left, run_m, run_l, states, workers, end;
+    size_t q_lo, c_hi, c_lo, bias, first, first_v, residual, vis, left, run_m, run_l, states;
+    size_t workers, end;
     size_t state_bytes, worker_bytes;
 } layout;
 
