@@ -501,9 +501,9 @@ cdef class Int8KVCache:
 
         ``format`` ("int8attn.Int8KVCache"), ``format_version`` (2), ``n_kv_heads``,
         ``max_seq``, ``head_dim``, ``length`` (ints); ``rotate`` (bool), ``rotation_seed`` and
-        ``rotation_block`` (ints); ``center`` (bool); ``k_i8``, ``v_i8`` [Hkv, length, D] int8
-        (rotated codes when the cache rotates); ``k_scale``, ``v_scale`` [Hkv, length] float32;
-        ``keep_first`` (bool), ``k_first``, ``v_first``, ``k_offset``, ``v_offset`` [Hkv, D]
+        ``rotation_block`` (ints); ``keep_first``, ``center`` (bools); ``k_i8``, ``v_i8``
+        [Hkv, length, D] int8 (rotated codes when the cache rotates); ``k_scale``, ``v_scale``
+        [Hkv, length] float32; ``k_first``, ``v_first``, ``k_offset``, ``v_offset`` [Hkv, D]
         float32 (zeros where the cache has none). Version 1 files (from before keep_first and
         center) load with both off.
         """
@@ -794,7 +794,8 @@ def _check_state(state, max_seq):
     center = version >= 2 and bool(np.asarray(state.get("center", False)))
     if center and not keep_first:
         raise ValueError("state has center without keep_first, which int8attn never writes")
-    need = (("k_first", "v_first") if keep_first else ()) + (("k_offset", "v_offset") if center else ())
+    need = ((("k_first", "v_first") if keep_first else ())
+            + (("k_offset", "v_offset") if center else ()))
     lacking = [k for k in need if k not in state]
     if lacking:
         raise ValueError(f"state lacks {', '.join(lacking)}, which its keep_first/center need")
