@@ -218,6 +218,12 @@ def _aligned_empty(size_t n, dtype):
     return raw[off:off + n * dt.itemsize].view(dt)
 
 
+cdef float *_data(object arr):
+    """The first float of a C-contiguous [n, m] float32 array (which its owner keeps alive)."""
+    cdef float[:, ::1] m = arr
+    return &m[0, 0]
+
+
 def _readonly(arr):
     """A view of arr that numpy will not let anyone make writeable again."""
     return np.frombuffer(memoryview(arr).toreadonly(), dtype=arr.dtype).reshape(arr.shape)
@@ -364,19 +370,12 @@ cdef class Int8KVCache:
         self.keep_first, self.center = keep_first, center
         self._kf = self._vf = self._ko = self._vo = None
         self._c.k_first = self._c.v_first = self._c.k_off = self._c.v_off = NULL
-        cdef float[:, ::1] fm
         if keep_first:
             self._kf, self._vf = np.zeros((hkv, d), np.float32), np.zeros((hkv, d), np.float32)
-            fm = self._kf
-            self._c.k_first = &fm[0, 0]
-            fm = self._vf
-            self._c.v_first = &fm[0, 0]
+            self._c.k_first, self._c.v_first = _data(self._kf), _data(self._vf)
         if center:
             self._ko, self._vo = np.zeros((hkv, d), np.float32), np.zeros((hkv, d), np.float32)
-            fm = self._ko
-            self._c.k_off = &fm[0, 0]
-            fm = self._vo
-            self._c.v_off = &fm[0, 0]
+            self._c.k_off, self._c.v_off = _data(self._ko), _data(self._vo)
 
     # -- shape and size -------------------------------------------------------------------
 

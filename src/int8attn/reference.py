@@ -139,14 +139,18 @@ def attention(q, k, v, *, scale=None, window=None, sinks=0, softcap=None):
 def emulate(q, cache, *, scale=None, q_bits=16):
     """The kernel's method in numpy, for q [H, D] over an Int8KVCache (or anything with its
     ``k_i8, k_scale, v_i8, v_scale`` views, and ``k_first``, ``v_first`` when it keeps the first
-    position, ``k_offset``, ``v_offset`` when it centers): exact int8 planes of q and exact integer dots, then float64
-    logits, softmax and accumulation. Returns [H, D] float32."""
-    q = np.asarray(q, dtype=np.float32)
-    h, d = q.shape
+    position, ``k_offset``, ``v_offset`` when it centers): exact int8 planes of q and exact
+    integer dots, then float64 logits, softmax and accumulation. Returns [H, D] float32."""
+    q_plain = np.asarray(q, dtype=np.float32)
+    h, d = q_plain.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    q_plain = q
-    if getattr(cache, "rotate", False):              # the codes live in the rotated space
-        q = rotate(q, rotation_signs(d, cache.rotation_seed)).astype(np.float32)
+    # the codes live in the rotated space
+    signs = rotation_signs(d, cache.rotation_seed) if getattr(cache, "rotate", False) else None
+    q = q_plain if signs is None else rotate(q_plain, signs).astype(np.float32)
+
+    def per_query_head(x):                            # [Hkv, D] -> [H, D] float64
+        return _expand(np.asarray(x, np.float64)[None], h)[0]
+
     k_i8 = _expand(np.asarray(cache.k_i8).transpose(1, 0, 2), h).astype(np.int64)
     ks = _expand(np.asarray(cache.k_scale).T[..., None], h)[..., 0].astype(np.float64)
     v = np.asarray(cache.v_i8).astype(np.float64) * np.asarray(cache.v_scale, np.float64)[..., None]
@@ -158,17 +162,15 @@ def emulate(q, cache, *, scale=None, q_bits=16):
     v = _expand(v.transpose(1, 0, 2), h)                               # [S, H, D]
     if getattr(cache, "center", False) and cache.k_offset is not None:
         # rows past position 0: codes * scale + offset
-        k_off = _expand(np.asarray(cache.k_offset, np.float64)[None], h)[0]
+        k_off = per_query_head(cache.k_offset)
         logits[:, 1:] += np.einsum("hd,hd->h", q.astype(np.float64), k_off)[:, None] * scale
-        v[1:] += _expand(np.asarray(cache.v_offset, np.float64)[None], h)
+        v[1:] += per_query_head(cache.v_offset)
     if getattr(cache, "keep_first", False):       # position 0 from its float row
-        k0 = _expand(np.asarray(cache.k_first, np.float64)[None], h)[0]
+        k0 = per_query_head(cache.k_first)
         logits[:, 0] = np.einsum("hd,hd->h", q_plain.astype(np.float64), k0) * scale
-        v0 = _expand(np.asarray(cache.v_first, np.float64)[None], h)[0]
-        if getattr(cache, "rotate", False):
-            v0 = rotate(v0, rotation_signs(d, cache.rotation_seed))
-        v[0] = v0
+        v0 = per_query_head(cache.v_first)
+        v[0] = v0 if signs is None else rotate(v0, signs)
     out = _softmax_attend(logits, v)
-    if getattr(cache, "rotate", False):              # back from the rotated space
-        out = rotate(out, rotation_signs(d, cache.rotation_seed), inverse=True)
+    if signs is not None:                            # back from the rotated space
+        out = rotate(out, signs, inverse=True)
     return out.astype(np.float32)
