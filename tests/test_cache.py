@@ -30,12 +30,12 @@ def test_readme_usage():
 def test_properties_and_nbytes():
     cache = ia.Int8KVCache(3, 100, 48)
     assert (cache.n_kv_heads, cache.max_seq, cache.head_dim, len(cache)) == (3, 100, 48, 0)
-    # codes: 2 * Hkv * max_seq * D bytes; scales: 2 * Hkv * max_seq float32; keep_first (the
-    # default) and center: 2 * Hkv * D float32 each
+    # codes: 2 * Hkv * max_seq * D bytes; scales: 2 * Hkv * max_seq float32; keep_first and
+    # center (both on by default): 2 * Hkv * D float32 each
     base = 2 * 3 * 100 * 48 + 2 * 3 * 100 * 4
-    assert cache.nbytes == base + 2 * 3 * 48 * 4
+    assert cache.nbytes == base + 4 * 3 * 48 * 4
     assert ia.Int8KVCache(3, 100, 48, keep_first=False).nbytes == base
-    assert ia.Int8KVCache(3, 100, 48, center=True).nbytes == base + 4 * 3 * 48 * 4
+    assert ia.Int8KVCache(3, 100, 48, center=False).nbytes == base + 2 * 3 * 48 * 4
     assert "holding 0 tokens" in repr(cache)
 
 

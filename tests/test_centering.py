@@ -61,11 +61,41 @@ def test_an_append_that_starts_the_cache_past_position_0_uses_its_own_rows():
     cache = Centered(2, 40, 32, rotate=False)
     cache.append(k, v)
     np.testing.assert_allclose(cache.k_offset, k[1:].astype(np.float64).mean(axis=0), atol=1e-5)
-    one = Centered(2, 40, 32, rotate=False)
-    for t in range(40):                                 # token by token: the offset is row 1
+
+
+@pytest.mark.parametrize("rows", [ia._cache.OFFSET_MIN_ROWS - 1, ia._cache.OFFSET_MIN_ROWS])
+def test_too_few_rows_for_a_mean_give_zero_offsets(rows):
+    """The append that sets the offsets holds `rows` rows past position 0: from 16 on they are
+    its mean, below that zeros."""
+    assert ia._cache.OFFSET_MIN_ROWS == 16
+    rng = np.random.default_rng(2)
+    k, v = shifted_kv(rng, 40, 2, 32)
+    cache = Centered(2, 40, 32, rotate=False)
+    cache.append(k[:1], v[:1])
+    cache.append(k[1:1 + rows], v[1:1 + rows])
+    if rows >= 16:
+        mean = k[1:1 + rows].astype(np.float64).mean(0)
+        np.testing.assert_allclose(cache.k_offset, mean, atol=1e-5)
+        assert np.all(cache.v_offset != 0)
+    else:
+        assert not cache.k_offset.any() and not cache.v_offset.any()
+
+
+def test_zero_offsets_center_nothing(tier):
+    """A cache filled token by token gets zero offsets, and then holds the codes and returns
+    the values of a cache without centering, under every decode option."""
+    rng = np.random.default_rng(12)
+    k, v = shifted_kv(rng, 300, 2, 64)
+    one, plain = Centered(2, 300, 64), ia.Int8KVCache(2, 300, 64, center=False)
+    for t in range(300):
         one.append(k[t], v[t])
-    np.testing.assert_array_equal(one.k_offset, k[1])
-    assert not one.k_i8[:, 1].any()                     # row 1 minus itself
+    plain.append(k, v)
+    assert not one.k_offset.any() and not one.v_offset.any()
+    for a, b in zip(snapshot(one)[:7], snapshot(plain)[:7]):
+        np.testing.assert_array_equal(a, b)
+    q = rng.standard_normal((5, 8, 64)).astype(np.float32)
+    for opts in ({}, {"window": 100, "sinks": 2}, {"softcap": 30.0}, {"q_bits": 8}):
+        np.testing.assert_array_equal(one.decode(q, **opts), plain.decode(q, **opts))
 
 
 @pytest.mark.parametrize("split", [1, 100, 257])
@@ -194,6 +224,31 @@ def test_a_failed_first_append_past_position_0_sets_nothing(tier):
     assert cache.k_offset is not None and len(cache) == 20
 
 
+@pytest.mark.parametrize("hkv, d", [(5, 16), (6, 1024)])    # (6, 1024): two blocks of heads
+def test_the_offset_append_reports_the_bad_row_an_uncentered_one_does(hkv, d):
+    """The offset-setting append checks every row before it stores one, summing heads in blocks;
+    whatever rows hold NaN or Inf, it names the row a cache without centering names (the first
+    in row order, k before v) and stores nothing."""
+    rng = np.random.default_rng(13)
+    k, v = shifted_kv(rng, 40, hkv, d)
+    # (side, token, head): position 0 before a later row; the same row in k and v; the last head
+    fixed = [[(1, 9, 0), (1, 0, hkv - 1)], [(1, 4, 2), (0, 4, 2)], [(0, 30, hkv - 1)]]
+    trials = fixed + [[(int(rng.integers(0, 2)), int(rng.integers(0, 40)), int(rng.integers(0, hkv)))
+                       for _ in range(1 + i % 3)] for i in range(12)]
+    for trial, rows in enumerate(trials):
+        bk, bv = k.copy(), v.copy()
+        for side, tok, head in rows:
+            (bk, bv)[side][tok, head, rng.integers(0, d)] = (np.nan, np.inf)[trial % 2]
+        messages = []
+        for center in (True, False):
+            cache = ia.Int8KVCache(hkv, 40, d, center=center)
+            with pytest.raises(ValueError) as err:
+                cache.append(bk, bv)
+            assert len(cache) == 0 and cache.k_offset is None
+            messages.append(str(err.value))
+        assert messages[0] == messages[1]
+
+
 @pytest.mark.parametrize("n", [0, 1, 2, 50])
 def test_save_and_load_keep_the_centering(tmp_path, n):
     rng = np.random.default_rng(9)
@@ -248,4 +303,6 @@ def test_center_argument_is_checked():
         ia.Int8KVCache(2, 10, 16, keep_first=None)
     with pytest.raises(ValueError, match="center=True needs keep_first=True"):
         ia.Int8KVCache(2, 10, 16, keep_first=False, center=True)
-    assert "keep_first=True, center=False" in repr(ia.Int8KVCache(2, 10, 16))
+    assert "keep_first=True, center=True" in repr(ia.Int8KVCache(2, 10, 16))
+    assert not ia.Int8KVCache(2, 10, 16, keep_first=False).center      # None: keep_first's value
+    assert ia.Int8KVCache(2, 10, 16, center=None).center

@@ -31,9 +31,11 @@ def test_stub_declares_the_public_api():
     assert public <= names, sorted(public - names)
     init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
     stub_kw = {a.arg: ast.literal_eval(d) for a, d in zip(init.args.kwonlyargs, init.args.kw_defaults)}
-    cache = ia.Int8KVCache(1, 1, 16)
-    assert stub_kw == {"rotate": cache.rotate, "rotation_seed": cache.rotation_seed,
-                       "keep_first": cache.keep_first, "center": cache.center}
+    from int8attn import _cache
+    assert stub_kw == {"rotate": _cache.DEFAULT_ROTATE, "rotation_seed": 0,
+                       "keep_first": _cache.DEFAULT_KEEP_FIRST, "center": _cache.DEFAULT_CENTER}
+    cache = ia.Int8KVCache(1, 1, 16)                 # center=None resolves to keep_first
+    assert (cache.rotate, cache.rotation_seed, cache.keep_first, cache.center) == (True, 0, True, True)
 
 
 def test_layout_files(tmp_path):

@@ -6,6 +6,7 @@ import numpy as np
 import numpy.typing as npt
 
 CHUNK: int
+OFFSET_MIN_ROWS: int
 
 def isa() -> str: ...
 def supported_isas() -> tuple[str, ...]: ...
@@ -19,7 +20,7 @@ class Int8KVCache:
     center: bool
     def __init__(
         self, n_kv_heads: int, max_seq: int, head_dim: int, *, rotate: bool = True,
-        rotation_seed: int = 0, keep_first: bool = True, center: bool = False
+        rotation_seed: int = 0, keep_first: bool = True, center: bool | None = None
     ) -> None: ...
     @property
     def n_kv_heads(self) -> int: ...

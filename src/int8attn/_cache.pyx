@@ -39,6 +39,8 @@ cdef extern from "_engine.h" nogil:
         float *v_off
     int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const float *v,
                    size_t t, size_t *bad)
+    enum:
+        I8A_OFFSET_MIN_ROWS
     ctypedef struct i8a_options:
         float scale
         int q_bits
@@ -68,7 +70,8 @@ cdef dict _tier_index = {}
 _ENV_VARS = ("INT8ATTN_ISA", "CA_CPU_ISA")
 DEFAULT_ROTATE = True
 DEFAULT_KEEP_FIRST = True
-DEFAULT_CENTER = False
+DEFAULT_CENTER = None                     # center when keep_first
+OFFSET_MIN_ROWS = I8A_OFFSET_MIN_ROWS
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -296,13 +299,15 @@ cdef class Int8KVCache:
         True (the default): position 0 (the attention sink most models develop, which takes a
         large share of many heads' weight) is also kept as float32 (``k_first``/``v_first``),
         and decode reads it from there instead of from its codes. Costs 2 * Hkv * D floats.
-    center : bool
-        True: store every K and V row past position 0 minus its kv head's offset, the mean of
-        the rows past position 0 of the append that first reaches past it (``k_offset``/
-        ``v_offset``, in the stored space); decode adds them back (``q·offset`` joins each
-        logit, the V offset the output). Helps when every K row shares a large offset (a K
-        bias); needs ``keep_first``. The offsets stay until the cache is truncated to 1 token
-        or fewer. False (the default): no offsets.
+    center : bool or None
+        True: store every K and V row past position 0 minus its kv head's offset (``k_offset``/
+        ``v_offset``, in the stored space), the mean of the rows past position 0 of the append
+        that first reaches past it when it holds at least 16 of them (a prefill), zeros
+        otherwise (a cache filled token by token stays uncentered). Decode adds the offsets
+        back: ``q·offset`` joins each logit, the V offset the output. Real K shares a large
+        offset across tokens; without it each row's int8 steps are finer. The offsets stay
+        until the cache is truncated to 1 token or fewer. Needs ``keep_first``. None (the
+        default): the value of ``keep_first``. False: no offsets.
 
     Notes
     -----
@@ -361,6 +366,8 @@ cdef class Int8KVCache:
             self._sign[:] = rotation_signs(d, seed)
             sm = self._sign
             self._c.sign = &sm[0]
+        if center is None:
+            center = keep_first
         for name, value in (("keep_first", keep_first), ("center", center)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be True or False, got {type(value).__name__}")

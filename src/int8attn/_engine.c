@@ -23,36 +23,53 @@ static int has_offsets(const i8a_cache *c, size_t len)
     return c->k_off != NULL && len >= 2;
 }
 
-/* Index of the first row r (token * hkv + head) of x [t * hkv][d] holding a NaN or an Inf, or
- * t * hkv when there is none. */
-static size_t first_bad_row(const float *x, size_t rows, size_t d)
-{
-    for (size_t r = 0; r < rows; r++)
-        for (size_t i = 0; i < d; i++)
-            if (!isfinite(x[r * d + i]))
-                return r;
-    return rows;
-}
+/* Doubles of set_offset's sums on the stack: the heads are summed this many elements at a time
+ * (at least 4 heads of the largest head dim), so a token's rows are read in one sweep. */
+#define I8A_OFFSET_SUMS 4096
 
 /* off[head] = R (the mean of x's rows from token `from` on), per kv head (rotated when the
- * cache rotates): sums in double, in token order. */
-static void set_offset(const i8a_kernels *kt, const i8a_cache *c, const float *x, size_t t,
-                       size_t from, float *off)
+ * cache rotates): sums in double, in token order. Fewer than I8A_OFFSET_MIN_ROWS rows make no
+ * estimate worth its noise: the offsets are then zero, which centers nothing (the same codes,
+ * and decode values, as without centering). The same pass finds the first row (token * hkv +
+ * head) of x [t * hkv][d] holding a NaN or an Inf, returned (t * hkv when there is none: the
+ * offsets are then unspecified, and the caller must not commit them). Zero offsets read nothing
+ * and return t * hkv: the rows are checked as they are stored. */
+static size_t set_offset(const i8a_kernels *kt, const i8a_cache *c, const float *x, size_t t,
+                         size_t from, float *off)
 {
-    const size_t d = c->d;
-    double sum[I8A_MAX_HEAD_DIM];
-    for (size_t head = 0; head < c->hkv; head++) {
-        float *o = off + head * d;
-        for (size_t i = 0; i < d; i++)
-            sum[i] = 0.0;
-        for (size_t tok = from; tok < t; tok++)
-            for (size_t i = 0; i < d; i++)
-                sum[i] += x[(tok * c->hkv + head) * d + i];
-        for (size_t i = 0; i < d; i++)
-            o[i] = (float)(sum[i] / (double)(t - from));
-        if (c->sign)
-            kt->rotate(o, d, c->sign, 0, o);
+    const size_t d = c->d, hkv = c->hkv, per_block = I8A_OFFSET_SUMS / d;
+    double sum[I8A_OFFSET_SUMS];
+    size_t bad = t * hkv;
+    if (t - from < I8A_OFFSET_MIN_ROWS) {
+        memset(off, 0, hkv * d * sizeof(float));
+        return bad;
     }
+    for (size_t h0 = 0; h0 < hkv; h0 += per_block) {
+        const size_t nh = hkv - h0 < per_block ? hkv - h0 : per_block, n = nh * d;
+        for (size_t i = 0; i < n; i++)
+            sum[i] = 0.0;
+        for (size_t tok = 0; tok < t; tok++) {
+            const float *rows = x + (tok * hkv + h0) * d;    /* heads h0 .. h0+nh-1, adjacent */
+            for (size_t h = 0; h < nh; h++) {
+                int finite = 1;                  /* no early exit: the loop vectorizes */
+                for (size_t i = h * d; i < (h + 1) * d; i++)
+                    finite &= fabsf(rows[i]) <= FLT_MAX;     /* false for Inf and NaN */
+                if (!finite && tok * hkv + h0 + h < bad)
+                    bad = tok * hkv + h0 + h;
+            }
+            if (tok >= from)
+                for (size_t i = 0; i < n; i++)
+                    sum[i] += rows[i];
+        }
+        for (size_t h = 0; h < nh; h++) {
+            float *o = off + (h0 + h) * d;
+            for (size_t i = 0; i < d; i++)
+                o[i] = (float)(sum[h * d + i] / (double)(t - from));
+            if (c->sign)
+                kt->rotate(o, d, c->sign, 0, o);
+        }
+    }
+    return bad;
 }
 
 /* One row into codes and scale: rotated when the cache rotates, minus off when off != NULL. */
@@ -74,15 +91,15 @@ int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const 
 {
     const size_t d = c->d, hkv = c->hkv;
     if (!has_offsets(c, c->len) && has_offsets(c, c->len + t)) {
-        /* the offsets come from this append: report a bad row before any mean takes it in */
-        const size_t bk = first_bad_row(k, t * hkv, d), bv = first_bad_row(v, t * hkv, d);
+        /* the offsets come from this append: a bad row anywhere in it is reported before any
+         * row is stored (the first in row order, k before v, as the loop below would) */
+        const size_t from = 1 - c->len;                     /* the token at position 1 */
+        const size_t bk = set_offset(kt, c, k, t, from, c->k_off);
+        const size_t bv = set_offset(kt, c, v, t, from, c->v_off);
         if (bk < t * hkv || bv < t * hkv) {
             *bad = bk <= bv ? bk : bv;
             return bk <= bv ? 1 : 2;
         }
-        const size_t from = 1 - c->len;                     /* the token at position 1 */
-        set_offset(kt, c, k, t, from, c->k_off);
-        set_offset(kt, c, v, t, from, c->v_off);
     }
     for (size_t r = 0; r < t * hkv; r++) {
         const size_t tok = r / hkv, head = r % hkv, pos = c->len + tok;

@@ -20,7 +20,9 @@
  * kv head's offset (k_off / v_off, in the stored space), which decode adds back: q.off joins
  * each logit (the query's bias) and the V offset joins the output (the weights sum to 1). The
  * offsets exist once the cache holds 2 or more tokens: the append that first reaches past
- * position 0 sets them to the mean of its own rows past position 0. */
+ * position 0 sets them to the mean of its own rows past position 0, or to zeros when it holds
+ * fewer than I8A_OFFSET_MIN_ROWS of them (a cache filled token by token: one row is no mean). */
+#define I8A_OFFSET_MIN_ROWS 16
 typedef struct {
     int8_t *k, *v;
     float *ks, *vs;
