@@ -82,7 +82,7 @@ def print_table(results):
 
 
 def print_rotation(results, default_tier):
-    """Decode and append cost of the default format (rotation, position 0 kept as floats) over
+    """Decode and append cost of the default format (rotation, float position 0, offsets) over
     the seed's plain one, from this run's medians: each plain case against its default twin
     (the default tier named or not)."""
     rows = []
@@ -96,8 +96,8 @@ def print_rotation(results, default_tier):
         if rotated:
             rows.append((c["tokens"], rotated, r))
     if rows:
-        print("\ndefault format over plain, i.e. rotation + kept position 0 (medians; decode, "
-              "append of the whole context, append of one token):")
+        print("\ndefault format over plain, i.e. rotation + float position 0 + offsets (medians; "
+              "decode, append of the whole context, append of one token):")
         for tokens, r, p in rows:
             dec = r["time"]["median"] / p["time"]["median"] - 1
             print(f"  {tokens:>6} tokens: decode {p['time']['median'] * 1e6:8.1f} -> "

@@ -12,9 +12,10 @@ greedy.
 
 ``--compare`` teacher-forces ``examples/quality_text.txt`` over float attention on an
 unquantized cache and over quantized caches (bfloat16 for scale; int8 in the seed's plain format,
-rotated, the default, and centered), and reports the agreement of the next-token choices and the KL divergence of the
-next-token distributions at every position after the first 1000 tokens, and, per layer, the
-error of the attention output on the real activations.
+rotated, rotated with position 0 as floats, and the default, which also centers), and reports
+the agreement of the next-token choices and the KL divergence of the next-token distributions
+at every position after the first 1000 tokens, and, per layer, the error of the attention
+output on the real activations. ``examples/kv_formats.py`` scores other formats the same way.
 """
 
 import argparse
@@ -242,32 +243,39 @@ def softmax(x):
 
 
 # The rows of the quality report: (name, cache kind, Int8KVCache keywords).
-# "plain" is the seed's format; "rotated" adds the rotation alone; "default" is what
-# Int8KVCache() makes (rotated, position 0 kept as floats); the last adds the offsets.
+# "plain" is the seed's format; "rotated" adds the rotation alone; "keep_first" also keeps
+# position 0 as floats; "default" is what Int8KVCache() makes (all that, and the offsets).
 VARIANTS = (("fp32", "fp32", {}), ("bf16", "bf16", {}),
             ("int8, plain", "int8", {"rotate": False, "keep_first": False}),
             ("int8, rotated", "int8", {"keep_first": False}),
-            ("int8, default", "int8", {}),
-            ("int8, center=True", "int8", {"center": True}))
+            ("int8, keep_first", "int8", {"center": False}),
+            ("int8, default", "int8", {}))
 INT8 = [name for name, kind, _ in VARIANTS if kind == "int8"]
 
 
-def compare(model, text_path, first=1000, chunk=128, rotation_seed=0):
+def compare(model, text_path, first=1000, chunk=128, rotation_seed=0, variants=VARIANTS):
     """Teacher-forced over the text: the int8 formats of VARIANTS, and a bfloat16 cache for
     scale, each against float attention over an unquantized cache. Returns per variant the
     top-1 agreement and the KL divergence of the next-token distributions at every position
-    with at least `first` tokens before it, and for the int8 variants, per layer, the error of
+    with at least `first` tokens before it (mean, median, max, and the three positions with
+    the largest, as (position, KL)), and for the int8 variants, per layer, the error of
     the attention output at the last position (vs the cache's own dequantized history, and vs
-    the unquantized K/V). rotation_seed goes to every rotated int8 cache."""
+    the unquantized K/V). rotation_seed goes to every rotated int8 cache.
+
+    ``variants`` replaces VARIANTS: (name, kind, options) with "fp32" first; a kind may also be a
+    callable, ``kind(model, n_tokens, **options)`` giving one cache per layer (any object with
+    ``append(k, v)`` and ``decode(q, scale=, window=)``), as examples/kv_formats.py does."""
     ids = model.tokenizer.encode(open(text_path, encoding="utf-8").read())
     n = len(ids)
     if n <= first:
         raise ValueError(f"the text has {n} tokens; the report scores positions after the first {first}")
     hidden, layers = {}, {}
-    for name, kind, options in VARIANTS:
+    if variants[0][:2] != ("fp32", "fp32"):
+        raise ValueError("the first variant must be the reference, ('fp32', 'fp32', {})")
+    for name, kind, options in variants:
         if kind == "int8" and options.get("rotate", True):
             options = dict(options, rotation_seed=rotation_seed)
-        caches = model.caches(n, kind, **options)
+        caches = kind(model, n, **options) if callable(kind) else model.caches(n, kind, **options)
         raw = [FloatCache(model.n_kv, model.head_dim) for _ in range(model.n_layers)]
         errs = {}
 
@@ -290,7 +298,7 @@ def compare(model, text_path, first=1000, chunk=128, rotation_seed=0):
         hidden[name] = np.concatenate(out)[first:]
         layers[name] = errs
     # logits block by block: the vocabulary is 262144 wide
-    kl = {name: [] for name, _, _ in VARIANTS[1:]}
+    kl = {name: [] for name, _, _ in variants[1:]}
     same = {name: [] for name in kl}
     margin = []                                           # fp32: top logit minus the second
     for b in range(0, n - first, 64):
@@ -307,9 +315,13 @@ def compare(model, text_path, first=1000, chunk=128, rotation_seed=0):
     rows = {}
     for name in kl:
         k, agree = np.concatenate(kl[name]), np.concatenate(same[name])
+        worst = np.argsort(k)[::-1][:3]
         rows[name] = {"top1": float(agree.mean()), "flips": int(np.sum(~agree)),
                       "flip_margin_max": float(margin[~agree].max()) if not agree.all() else 0.0,
-                      "kl_mean": float(k.mean()), "kl_max": float(k.max()), "layers": layers[name]}
+                      "kl_mean": float(k.mean()), "kl_median": float(np.median(k)),
+                      "kl_max": float(k.max()),
+                      "worst": [(first + int(i), float(k[i])) for i in worst],
+                      "layers": layers[name]}
     return {"tokens": n, "positions": n - first, "first": first, "rows": rows}
 
 
@@ -358,11 +370,17 @@ def main(argv=None):
     print(f"teacher-forced over {rep['tokens']} tokens; next-token distributions at the "
           f"{rep['positions']} positions after the first {rep['first']}, against fp32 attention "
           "over an unquantized cache:")
-    print(f"  {'cache':<24} {'top-1':>7} {'flips':>6} {'KL mean':>9} {'KL max':>9}  "
+    print(f"  {'cache':<24} {'top-1':>7} {'flips':>6} {'KL mean':>9} {'median':>9} {'KL max':>9}  "
           "(flips: changed choices, and the widest fp32 margin among them, in logits)")
     for name, row in rep["rows"].items():
         print(f"  {name:<24} {row['top1'] * 100:>6.2f}% {row['flips']:>6} {row['kl_mean']:>9.2e} "
-              f"{row['kl_max']:>9.2e}  (max margin {row['flip_margin_max']:.3f})")
+              f"{row['kl_median']:>9.2e} {row['kl_max']:>9.2e}  "
+              f"(max margin {row['flip_margin_max']:.3f})")
+    print("the positions with the largest KL (position: KL), and their share of the mean:")
+    for name, row in rep["rows"].items():
+        share = sum(kl for _, kl in row["worst"]) / (row["kl_mean"] * rep["positions"] or 1.0)
+        print(f"  {name:<24} " + ", ".join(f"{p}: {kl:.2e}" for p, kl in row["worst"])
+              + f"  ({share:.0%})")
     print("attention output at the last position, per layer (max|err| / max|ref|), against the "
           "cache's dequantized history / against the unquantized K/V:")
     print(f"  {'layer':>5}  {'kind':<6}  " + "  ".join(f"{name:>22}" for name in INT8))

@@ -41,7 +41,7 @@ class Case:
     tier: str = ""          # int8attn only; "" = the default tier
     threads: int = 0        # 0 = the default thread count
     rotate: bool = True     # int8attn only: the default format (rotated, position 0 kept as
-                            # floats); False: the seed's plain format ("/plain" in the name)
+                            # floats, rows centered); False: the seed's plain format ("/plain")
 
     @property
     def name(self):

@@ -1,0 +1,166 @@
+"""Which cache format does a real model need? Candidate K/V formats emulated in numpy on Gemma 3.
+
+    pip install '.[examples]'
+    python examples/kv_formats.py                          # every format, rotation seed 0
+    python examples/kv_formats.py --seeds 0 1 2 3 --formats keep_first default k32
+
+Each format is emulated: every appended K and V row goes through the format's rotation,
+offset and quantizer (the cache's own rules, from int8attn.reference) and straight back to
+float32, and attention runs in numpy over the result. This scores formats the kernels do not
+have (scales per group of elements, quantizing only K or only V) with the report of
+``examples/gemma3.py --compare``: top-1 agreement and KL divergence of the next-token
+distributions after the first 1000 tokens of ``quality_text.txt``, against fp32 attention over
+an unquantized cache. About 80 s per format and seed on 2 cores.
+
+The formats the kernels have (rotated, keep_first, default) emulate to within a code step of
+Int8KVCache.dequantize (the tests check it); the rest are what-ifs, not kernel features.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+from int8attn import reference as R
+from int8attn._cache import OFFSET_MIN_ROWS
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import gemma3  # noqa: E402
+
+
+def quantize_groups(x, group):
+    """x [..., D] float32 -> its int8 round trip with one absmax scale per `group` elements
+    (the cache's row quantizer, run on each group)."""
+    shape = x.shape
+    codes, scale = R.quantize_rows(x.reshape(*shape[:-1], shape[-1] // group, group))
+    return (codes.astype(np.float32) * scale[..., None]).reshape(shape)
+
+
+class EmulatedCache:
+    """One layer's cache in an emulated format.
+
+    rotate, rotation_seed, keep_first, center: as Int8KVCache's. k_group, v_group: elements per
+    scale (None: the whole row, the kernels' format). quantize_k, quantize_v: False keeps that
+    side as float32 (to see which side the loss is in).
+    """
+
+    def __init__(self, n_kv, head_dim, *, rotate=True, rotation_seed=0, keep_first=True,
+                 center=None, k_group=None, v_group=None, quantize_k=True, quantize_v=True):
+        center = keep_first if center is None else center
+        if center and not keep_first:
+            raise ValueError("center needs keep_first, as in Int8KVCache")
+        for name, g in (("k_group", k_group), ("v_group", v_group)):
+            if g is not None and (g <= 0 or head_dim % g):
+                raise ValueError(f"{name} must divide head_dim={head_dim}, got {g}")
+        self.k = np.zeros((0, n_kv, head_dim), np.float32)
+        self.v = np.zeros((0, n_kv, head_dim), np.float32)
+        self.sign = R.rotation_signs(head_dim, rotation_seed) if rotate else None
+        self.keep_first, self.center = keep_first, center
+        self.groups = (k_group or head_dim, v_group or head_dim)
+        self.quantize = (quantize_k, quantize_v)
+        self.offsets = None
+
+    def _stored(self, x):
+        return x if self.sign is None else R.rotate(x, self.sign).astype(np.float32)
+
+    def _restored(self, x):
+        return x if self.sign is None else R.rotate(x, self.sign, inverse=True).astype(np.float32)
+
+    def append(self, k, v):
+        k, v = np.asarray(k, np.float32), np.asarray(v, np.float32)
+        n0, t = len(self.k), len(k)
+        if self.center and self.offsets is None and n0 + t >= 2:
+            past0 = slice(1 - n0, None)           # the append's rows past position 0
+            if n0 + t - 1 < OFFSET_MIN_ROWS:
+                self.offsets = [np.zeros(k.shape[1:], np.float32)] * 2
+            else:
+                self.offsets = [self._stored(x[past0].astype(np.float64).mean(0).astype(np.float32))
+                                for x in (k, v)]
+        rows = []
+        for side, x in enumerate((k, v)):
+            if not self.quantize[side]:
+                rows.append(x)
+                continue
+            y = self._stored(x)
+            off = np.zeros_like(y[0]) if self.offsets is None else self.offsets[side]
+            if self.offsets is not None:          # position 0 is never centered
+                y = y - np.where((n0 + np.arange(t) >= 1)[:, None, None], off, 0)
+            y = quantize_groups(y, self.groups[side])
+            if self.offsets is not None:
+                y = y + np.where((n0 + np.arange(t) >= 1)[:, None, None], off, 0)
+            y = self._restored(y)
+            if self.keep_first and n0 == 0:
+                y[0] = x[0]
+            rows.append(y)
+        self.k = np.concatenate([self.k, rows[0]])
+        self.v = np.concatenate([self.v, rows[1]])
+
+    def decode(self, q, *, scale, window=None):
+        return R.attention(q, self.k, self.v, scale=scale, window=window)
+
+
+def emulated(model, n_tokens, **options):
+    """compare()'s cache factory: one EmulatedCache per layer."""
+    return [EmulatedCache(model.n_kv, model.head_dim, **options) for _ in range(model.n_layers)]
+
+
+# name -> EmulatedCache keywords (the rotation seed is added per run); "bf16" is the float
+# cache rounded to bfloat16, for scale.
+FORMATS = {
+    "bf16": None,
+    "rotated": {"keep_first": False},
+    "keep_first": {"center": False},
+    "default": {},
+    "K only": {"quantize_v": False},
+    "V only": {"quantize_k": False},
+    "k32": {"k_group": 32},
+    "k16": {"k_group": 16},
+}
+
+
+def study(model, text, formats, seed, first=1000):
+    variants = [("fp32", "fp32", {})]
+    for name in formats:
+        opts = FORMATS[name]
+        variants.append((name, "bf16", {}) if opts is None
+                        else (name, emulated, dict(opts, rotation_seed=seed)))
+    return gemma3.compare(model, text, first, variants=variants)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--formats", nargs="+", default=list(FORMATS), choices=list(FORMATS))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="rotation seeds")
+    ap.add_argument("--text", default=os.path.join(HERE, "quality_text.txt"))
+    ap.add_argument("--first", type=int, default=1000)
+    args = ap.parse_args(argv)
+    model = gemma3.Gemma3(gemma3.model_path())
+    totals = {name: [] for name in args.formats}
+    for seed in args.seeds:
+        t0 = time.perf_counter()
+        rep = study(model, args.text, args.formats, seed, args.first)
+        print(f"rotation seed {seed} ({time.perf_counter() - t0:.0f} s): {rep['positions']} "
+              f"positions after the first {rep['first']} of {rep['tokens']} tokens")
+        print(f"  {'format':<12} {'top-1':>7} {'flips':>6} {'KL mean':>9} {'median':>9} {'max':>9}"
+              "  largest (position: KL)")
+        for name, row in rep["rows"].items():
+            totals[name].append(row)
+            print(f"  {name:<12} {row['top1'] * 100:>6.2f}% {row['flips']:>6} "
+                  f"{row['kl_mean']:>9.2e} {row['kl_median']:>9.2e} {row['kl_max']:>9.2e}  "
+                  + ", ".join(f"{p}: {kl:.2e}" for p, kl in row["worst"][:2]))
+        sys.stdout.flush()
+    if len(args.seeds) > 1:
+        print(f"mean over seeds {args.seeds}:")
+        for name, rows in totals.items():
+            mean = {key: float(np.mean([r[key] for r in rows]))
+                    for key in ("top1", "kl_mean", "kl_median")}
+            print(f"  {name:<12} {mean['top1'] * 100:>6.2f}% {mean['kl_mean']:>9.2e} "
+                  f"{mean['kl_median']:>9.2e}  (top-1, KL mean, KL median)")
+
+
+if __name__ == "__main__":
+    main()
