@@ -73,25 +73,19 @@ class EmulatedCache:
         k, v = np.asarray(k, np.float32), np.asarray(v, np.float32)
         n0, t = len(self.k), len(k)
         if self.center and self.offsets is None and n0 + t >= 2:
-            past0 = slice(1 - n0, None)           # the append's rows past position 0
             if n0 + t - 1 < OFFSET_MIN_ROWS:
                 self.offsets = [np.zeros(k.shape[1:], np.float32)] * 2
-            else:
-                self.offsets = [self._stored(x[past0].astype(np.float64).mean(0).astype(np.float32))
+            else:                                 # the mean of the append's rows past position 0
+                self.offsets = [self._stored(x[1 - n0:].astype(np.float64).mean(0).astype(np.float32))
                                 for x in (k, v)]
+        past0 = (n0 + np.arange(t) >= 1)[:, None, None]     # position 0 is never centered
         rows = []
         for side, x in enumerate((k, v)):
             if not self.quantize[side]:
                 rows.append(x)
                 continue
-            y = self._stored(x)
-            off = np.zeros_like(y[0]) if self.offsets is None else self.offsets[side]
-            if self.offsets is not None:          # position 0 is never centered
-                y = y - np.where((n0 + np.arange(t) >= 1)[:, None, None], off, 0)
-            y = quantize_groups(y, self.groups[side])
-            if self.offsets is not None:
-                y = y + np.where((n0 + np.arange(t) >= 1)[:, None, None], off, 0)
-            y = self._restored(y)
+            shift = 0 if self.offsets is None else np.where(past0, self.offsets[side], 0)
+            y = self._restored(quantize_groups(self._stored(x) - shift, self.groups[side]) + shift)
             if self.keep_first and n0 == 0:
                 y[0] = x[0]
             rows.append(y)
