@@ -15,7 +15,9 @@ unquantized cache and over quantized caches (bfloat16 for scale; int8 in the see
 rotated, rotated with position 0 as floats, and the default, which also centers), and reports
 the agreement of the next-token choices and the KL divergence of the next-token distributions
 at every position after the first 1000 tokens, and, per layer, the error of the attention
-output on the real activations. ``examples/kv_formats.py`` scores other formats the same way.
+output on the real activations. ``--limit 1128`` keeps the text's first 1128 tokens: the 128
+positions after 1000 (the short protocol). ``examples/kv_formats.py`` scores other formats the
+same way.
 """
 
 import argparse
@@ -253,19 +255,23 @@ VARIANTS = (("fp32", "fp32", {}), ("bf16", "bf16", {}),
 INT8 = [name for name, kind, _ in VARIANTS if kind == "int8"]
 
 
-def compare(model, text_path, first=1000, chunk=128, rotation_seed=0, variants=VARIANTS):
-    """Teacher-forced over the text: the int8 formats of VARIANTS, and a bfloat16 cache for
-    scale, each against float attention over an unquantized cache. Returns per variant the
-    top-1 agreement and the KL divergence of the next-token distributions at every position
-    with at least `first` tokens before it (mean, median, max, and the three positions with
-    the largest, as (position, KL)), and for the int8 variants, per layer, the error of
-    the attention output at the last position (vs the cache's own dequantized history, and vs
-    the unquantized K/V). rotation_seed goes to every rotated int8 cache.
+def compare(model, text_path, first=1000, chunk=128, rotation_seed=0, variants=VARIANTS,
+            limit=None):
+    """Teacher-forced over the text (its first `limit` tokens when given): the int8 formats of
+    VARIANTS, and a bfloat16 cache for scale, each against float attention over an unquantized
+    cache. Returns per variant the top-1 agreement and the KL divergence of the next-token
+    distributions at every position with at least `first` tokens before it (mean, median, max,
+    the three positions with the largest, as (position, KL), and per position: "kl", "agree"),
+    and for the int8 variants, per layer, the error of the attention output at the last
+    position (vs the cache's own dequantized history, and vs the unquantized K/V).
+    rotation_seed goes to every rotated int8 cache.
 
     ``variants`` replaces VARIANTS: (name, kind, options) with "fp32" first; a kind may also be a
     callable, ``kind(model, n_tokens, **options)`` giving one cache per layer (any object with
     ``append(k, v)`` and ``decode(q, scale=, window=)``), as examples/kv_formats.py does."""
-    ids = model.tokenizer.encode(open(text_path, encoding="utf-8").read())
+    if limit is not None and limit <= first:
+        raise ValueError(f"limit must exceed first={first}, got {limit}")
+    ids = model.tokenizer.encode(open(text_path, encoding="utf-8").read())[:limit]
     n = len(ids)
     if n <= first:
         raise ValueError(f"the text has {n} tokens; the report scores positions after the first {first}")
@@ -321,7 +327,7 @@ def compare(model, text_path, first=1000, chunk=128, rotation_seed=0, variants=V
                       "kl_mean": float(k.mean()), "kl_median": float(np.median(k)),
                       "kl_max": float(k.max()),
                       "worst": [(first + int(i), float(k[i])) for i in worst],
-                      "layers": layers[name]}
+                      "kl": k, "agree": agree, "layers": layers[name]}
     return {"tokens": n, "positions": n - first, "first": first, "rows": rows}
 
 
@@ -353,6 +359,8 @@ def main(argv=None):
                     help="--compare: the text to teacher-force")
     ap.add_argument("--first", type=int, default=1000,
                     help="--compare: score the positions after this many tokens")
+    ap.add_argument("--limit", type=int, default=None, metavar="N",
+                    help="--compare: teacher-force only the text's first N tokens")
     ap.add_argument("--rotation-seed", type=int, default=0,
                     help="--compare: the rotated int8 caches' rotation_seed (default 0, int8attn's)")
     args = ap.parse_args(argv)
@@ -366,7 +374,7 @@ def main(argv=None):
         print(args.prompt + text)
         print(f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
         return
-    rep = compare(model, args.text, args.first, rotation_seed=args.rotation_seed)
+    rep = compare(model, args.text, args.first, rotation_seed=args.rotation_seed, limit=args.limit)
     print(f"teacher-forced over {rep['tokens']} tokens; next-token distributions at the "
           f"{rep['positions']} positions after the first {rep['first']}, against fp32 attention "
           "over an unquantized cache:")

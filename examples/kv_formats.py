@@ -7,7 +7,8 @@
 Each format is emulated: every appended K and V row goes through the format's rotation,
 offset and quantizer (the cache's own rules, from int8attn.reference) and straight back to
 float32, and attention runs in numpy over the result. This scores formats the kernels do not
-have (scales per group of elements, quantizing only K or only V) with the report of
+have (scales per group of elements, quantizing only K or only V, K channels balanced against the
+queries) with the report of
 ``examples/gemma3.py --compare``: top-1 agreement and KL divergence of the next-token
 distributions after the first 1000 tokens of ``quality_text.txt``, against fp32 attention over
 an unquantized cache. About 80 s per format and seed on 2 cores.
@@ -44,11 +45,16 @@ class EmulatedCache:
 
     rotate, rotation_seed, keep_first, center: as Int8KVCache's. k_group, v_group: elements per
     scale (None: the whole row, the kernels' format). quantize_k, quantize_v: False keeps that
-    side as float32 (to see which side the loss is in).
+    side as float32 (to see which side the loss is in). balance: K's channels are divided by
+    d = (E (k - offset)^2 / E q^2) ** (1/4) before the rotation and q's multiplied by it, which
+    leaves q.k as it is and shapes K's rounding error away from the channels q weighs most;
+    E runs over the K rows past position 0 appended before the first decode and that decode's
+    queries (of every head of the group), and those K rows wait as floats until then.
     """
 
     def __init__(self, n_kv, head_dim, *, rotate=True, rotation_seed=0, keep_first=True,
-                 center=None, k_group=None, v_group=None, quantize_k=True, quantize_v=True):
+                 center=None, k_group=None, v_group=None, quantize_k=True, quantize_v=True,
+                 balance=False):
         center = keep_first if center is None else center
         if center and not keep_first:
             raise ValueError("center needs keep_first, as in Int8KVCache")
@@ -61,13 +67,30 @@ class EmulatedCache:
         self.keep_first, self.center = keep_first, center
         self.groups = (k_group or head_dim, v_group or head_dim)
         self.quantize = (quantize_k, quantize_v)
-        self.offsets = None
+        self.offsets = None                       # [K, V] means, as appended (not rotated)
+        self.balance = balance
+        self.d = None if balance else np.float32(1.0)
 
     def _stored(self, x):
         return x if self.sign is None else R.rotate(x, self.sign).astype(np.float32)
 
     def _restored(self, x):
         return x if self.sign is None else R.rotate(x, self.sign, inverse=True).astype(np.float32)
+
+    def _through(self, x, side, n0):
+        """Rows n0 .. of one side through the format and back."""
+        if not self.quantize[side]:
+            return x
+        d = self.d if side == 0 else np.float32(1.0)
+        past0 = (n0 + np.arange(len(x)) >= 1)[:, None, None]     # position 0 is never centered
+        shift = 0
+        if self.offsets is not None:
+            shift = np.where(past0, self._stored(self.offsets[side] / d), 0)
+        y = self._stored(x / d) - shift
+        y = self._restored(quantize_groups(y, self.groups[side]) + shift) * d
+        if self.keep_first and n0 == 0:
+            y[0] = x[0]
+        return y
 
     def append(self, k, v):
         k, v = np.asarray(k, np.float32), np.asarray(v, np.float32)
@@ -76,23 +99,25 @@ class EmulatedCache:
             if n0 + t - 1 < OFFSET_MIN_ROWS:
                 self.offsets = [np.zeros(k.shape[1:], np.float32)] * 2
             else:                                 # the mean of the append's rows past position 0
-                self.offsets = [self._stored(x[1 - n0:].astype(np.float64).mean(0).astype(np.float32))
+                self.offsets = [x[1 - n0:].astype(np.float64).mean(0).astype(np.float32)
                                 for x in (k, v)]
-        past0 = (n0 + np.arange(t) >= 1)[:, None, None]     # position 0 is never centered
-        rows = []
-        for side, x in enumerate((k, v)):
-            if not self.quantize[side]:
-                rows.append(x)
-                continue
-            shift = 0 if self.offsets is None else np.where(past0, self.offsets[side], 0)
-            y = self._restored(quantize_groups(self._stored(x) - shift, self.groups[side]) + shift)
-            if self.keep_first and n0 == 0:
-                y[0] = x[0]
-            rows.append(y)
-        self.k = np.concatenate([self.k, rows[0]])
-        self.v = np.concatenate([self.v, rows[1]])
+        self.k = np.concatenate([self.k, k if self.d is None else self._through(k, 0, n0)])
+        self.v = np.concatenate([self.v, self._through(v, 1, n0)])
+
+    def _set_balance(self, q):
+        k = self.k[1:].astype(np.float64) - (0 if self.offsets is None else self.offsets[0])
+        ek = np.mean(k * k, axis=0) if len(k) else np.ones(self.k.shape[1:])
+        n_kv, dim = ek.shape
+        eq = np.mean(np.square(q, dtype=np.float64).reshape(-1, n_kv, q.shape[1] // n_kv, dim),
+                     axis=(0, 2))
+        ek, eq = (np.maximum(e, 1e-6 * e.mean(-1, keepdims=True) + 1e-30) for e in (ek, eq))
+        d = (ek / eq) ** 0.25
+        self.d = (d / np.exp(np.log(d).mean(-1, keepdims=True))).astype(np.float32)
+        self.k = self._through(self.k, 0, 0)
 
     def decode(self, q, *, scale, window=None):
+        if self.d is None:
+            self._set_balance(np.asarray(q))
         return R.attention(q, self.k, self.v, scale=scale, window=window)
 
 
@@ -112,6 +137,8 @@ FORMATS = {
     "V only": {"quantize_k": False},
     "k32": {"k_group": 32},
     "k16": {"k_group": 16},
+    "balanced": {"balance": True},
+    "balanced k16": {"balance": True, "k_group": 16},
 }
 
 

@@ -81,20 +81,25 @@ def test_quality_report_rotation_seed_reaches_only_the_rotated_caches(model, tmp
                     "valley past three towns before it meets the sea at a wide, slow estuary.")
     a = gemma3.compare(model, str(text), first=8)["rows"]
     b = gemma3.compare(model, str(text), first=8, rotation_seed=1)["rows"]
-    assert a["int8, plain"] == b["int8, plain"] and a["bf16"] == b["bf16"]
+    import numpy as np
+    for name in ("int8, plain", "bf16"):
+        assert a[name].keys() == b[name].keys()
+        for key, value in a[name].items():
+            assert np.array_equal(value, b[name][key]) if key in ("kl", "agree") else value == b[name][key]
     assert a["int8, default"]["kl_mean"] != b["int8, default"]["kl_mean"]
 
 
 def test_format_study_on_a_short_text(model, tmp_path):
     """examples/kv_formats.py, scaled down: emulated formats scored like --compare's rows; the
-    emulated default format lands near the kernel's own default row (the same format), and
-    quantizing one side alone loses less than quantizing both."""
+    emulated default format lands near the kernel's own default row (the same format),
+    quantizing one side alone loses less than quantizing both, and balancing K against the
+    queries loses less than the default."""
     import kv_formats
     text = tmp_path / "t.txt"
     text.write_text("The lighthouse keeper climbed the stairs at dusk and lit the lamp. Ships "
                     "passing the point counted the flashes, twelve in a minute, and steered wide "
                     "of the rocks below, where the tide ran fast over the reef.")
-    names = ["bf16", "keep_first", "default", "K only", "V only", "k32"]
+    names = ["bf16", "keep_first", "default", "K only", "V only", "k32", "balanced"]
     rows = kv_formats.study(model, str(text), names, seed=0, first=16)["rows"]
     assert list(rows) == names
     # rounding differs run to run (a code that flips in one layer moves every later one), so
@@ -106,3 +111,29 @@ def test_format_study_on_a_short_text(model, tmp_path):
     for side in ("K only", "V only"):
         assert rows["bf16"]["kl_mean"] < rows[side]["kl_mean"] < rows["default"]["kl_mean"]
     assert rows["k32"]["kl_mean"] < rows["default"]["kl_mean"]
+    assert rows["balanced"]["kl_mean"] < 0.8 * rows["default"]["kl_mean"]     # 0.44x here
+
+
+def test_quality_report_limit_scores_a_prefix(model, tmp_path):
+    """--limit N teacher-forces the first N tokens: with N a whole number of chunks the run is
+    the full run cut short (causal attention, the same appends), so every position it scores
+    has the full run's KL and choice; the per-position arrays agree with the summaries."""
+    import numpy as np
+    text = tmp_path / "t.txt"
+    text.write_text("The lighthouse keeper climbed the stairs at dusk and lit the lamp. Ships "
+                    "passing the point counted the flashes, twelve in a minute, and steered wide "
+                    "of the rocks below, where the tide ran fast over the reef.")
+    full = gemma3.compare(model, str(text), first=8, chunk=8)
+    cut = gemma3.compare(model, str(text), first=8, chunk=8, limit=24)
+    assert full["tokens"] > 30 and cut["tokens"] == 24 and cut["positions"] == 16
+    for name, row in cut["rows"].items():
+        whole = full["rows"][name]
+        assert len(row["kl"]) == 16 and len(whole["kl"]) == full["positions"]
+        np.testing.assert_array_equal(row["kl"], whole["kl"][:16])
+        np.testing.assert_array_equal(row["agree"], whole["agree"][:16])
+        assert row["kl_mean"] == float(row["kl"].mean())
+        assert row["top1"] == float(row["agree"].mean())
+    assert full["rows"]["int8, default"]["kl_mean"] != cut["rows"]["int8, default"]["kl_mean"]
+    for bad in (8, 3, -5):
+        with pytest.raises(ValueError, match=f"limit must exceed first=8, got {bad}"):
+            gemma3.compare(model, str(text), first=8, limit=bad)
