@@ -81,10 +81,11 @@ def print_table(results):
               f"{probe} {frac} {err}")
 
 
-def print_rotation(results, default_tier):
+def print_rotation(results, default_tier, costs=()):
     """Decode and append cost of the default format (rotation, float position 0, offsets) over
     the seed's plain one, from this run's medians: each plain case against its default twin
-    (the default tier named or not)."""
+    (the default tier named or not); then the decodes of the two formats interleaved
+    (_bench.format_cost), which a drift of the machine's speed does not tilt."""
     rows = []
     for r in results:
         c = r["case"]
@@ -105,6 +106,13 @@ def print_rotation(results, default_tier):
                   f"{p['append_all_time']['median'] * 1e3:7.2f} -> {r['append_all_time']['median'] * 1e3:7.2f} ms, "
                   f"append one {p['append_one_time']['median'] * 1e6:5.2f} -> "
                   f"{r['append_one_time']['median'] * 1e6:5.2f} us")
+    if costs:
+        print("decode, the two formats interleaved (median of per-round default / plain; "
+              "medians of each):")
+        for c in costs:
+            print(f"  {c['tokens']:>6} tokens: {(c['ratio'] - 1) * 100:+.1f}%  "
+                  f"({c['plain']['median'] * 1e6:.1f} -> {c['default']['median'] * 1e6:.1f} us, "
+                  f"{c['default']['n']} rounds)")
 
 
 def print_targets(results, default_tier):
@@ -155,7 +163,9 @@ def main(argv=None):
     cases = quick_cases() if args.quick else full_cases()
     budget = args.budget or (0.25 if args.quick else 1.5)
     results = _bench.run_cases(cases, budget)
+    costs = [] if args.quick else [_bench.format_cost(s, 2 * budget) for s in SEED]
     rep = _bench.report(results, {"quick": args.quick, "budget_s": budget})
+    rep["format_cost"] = costs
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                    rep["created"].replace(":", "") + ".json")
     _bench.write_json(rep, out)
@@ -163,7 +173,7 @@ def main(argv=None):
     print(f"int8attn {rep['versions']['int8attn']} commit {rep['commit']}; {m['cpu']} "
           f"({m['affinity_cpus']} CPUs); tier {rep['tier']}; threads {rep['threads']}")
     print_table(results)
-    print_rotation(results, rep["tier"])
+    print_rotation(results, rep["tier"], costs)
     print_targets(results, rep["tier"])
     print(f"\nreport: {out}")
 

@@ -127,3 +127,21 @@ def test_bandwidth_probe_reads_every_byte(threads, shape):
                 want ^= _fold(buf)
     for n in (1, 2, 3):
         assert cache._stream_read(n) == want
+
+
+def test_interleaved_timing_alternates_and_keeps_the_calls_apart():
+    """The format-cost measurement: per round each fn twice in turn (the second call timed),
+    each fn's times in its own list, after three untimed rounds of one call each."""
+    from int8attn import _bench
+    calls = []
+    times = _bench._interleaved([lambda: calls.append("a"), lambda: calls.append("b"),
+                                 lambda: calls.append("c")], 5, 0.0)
+    assert [len(t) for t in times] == [5, 5, 5]
+    assert "".join(calls) == "abc" * 3 + "aabbcc" * 5
+
+
+def test_format_cost_times_both_formats():
+    from int8attn import _bench
+    c = _bench.format_cost(40, 0.0, h=4, hkv=2, d=16, pairs=3)
+    assert (c["tokens"], c["h"], c["hkv"], c["d"], c["pairs"]) == (40, 4, 2, 16, 3)
+    assert c["default"]["n"] == c["plain"]["n"] == 30 and c["ratio"] > 0

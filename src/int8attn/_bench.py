@@ -160,6 +160,48 @@ def run_int8attn(case, budget, rng):
     }
 
 
+def _interleaved(fns, min_reps, budget):
+    """Time each of fns in rounds: per round, each fn in turn is called twice and the second call
+    timed, so it runs hot (after itself) however large the others' data, and the fns' timed calls
+    lie microseconds apart: a drift of the machine's speed lands on every fn alike. Three
+    untimed rounds first. Returns one list of times per fn."""
+    for _ in range(3):
+        for fn in fns:
+            fn()
+    times = [[] for _ in fns]
+    start, r = time.perf_counter(), 0
+    while r < min_reps or (time.perf_counter() - start < budget and r < 100000):
+        for fn, t in zip(fns, times):
+            fn()
+            t0 = time.perf_counter()
+            fn()
+            t.append(time.perf_counter() - t0)
+        r += 1
+    return times
+
+
+def format_cost(tokens, budget, h=8, hkv=8, d=128, seed=0, pairs=4):
+    """Decode time of the default format (rotation, float position 0, offsets) against the seed's
+    plain one on the same K/V, the two decodes interleaved (hot: see _interleaved; q_bits=16,
+    the default tier and threads), over `pairs` fresh pairs of caches a share of the budget each
+    (where the buffers land moves one pair's ratio by several percent at 8192 tokens on this
+    VM). ``ratio`` is the median over all rounds of default time / plain time."""
+    case = Case("int8attn", h, hkv, d, tokens)
+    k, v, q = _data(case, np.random.default_rng(seed))
+    out = np.empty((h, d), np.float32)
+    default, plain = [], []
+    for _ in range(pairs):
+        caches = [_cache_for(dataclasses.replace(case, rotate=r)) for r in (True, False)]
+        for c in caches:
+            c.append(k, v)
+        a, b = _interleaved([lambda c=c: c.decode(q, out=out) for c in caches], 10, budget / pairs)
+        default += a
+        plain += b
+    return {"tokens": tokens, "h": h, "hkv": hkv, "d": d, "pairs": pairs,
+            "default": _stats(default), "plain": _stats(plain),
+            "ratio": float(np.median(np.divide(default, plain)))}
+
+
 def run_numpy(case, budget, rng):
     """fp32 attention in numpy (its BLAS) over a float32 copy of the dequantized cache."""
     k, v, q = _data(case, rng)
