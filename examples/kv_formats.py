@@ -68,8 +68,7 @@ class EmulatedCache:
         self.groups = (k_group or head_dim, v_group or head_dim)
         self.quantize = (quantize_k, quantize_v)
         self.offsets = None                       # [K, V] means, as appended (not rotated)
-        self.balance = balance
-        self.d = None if balance else np.float32(1.0)
+        self.d = None if balance else np.float32(1.0)      # K's channel divisors; None: not yet
 
     def _stored(self, x):
         return x if self.sign is None else R.rotate(x, self.sign).astype(np.float32)
