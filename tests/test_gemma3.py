@@ -4,6 +4,7 @@ pip install '.[examples]')."""
 import os
 import sys
 
+import numpy as np
 import pytest
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
@@ -18,6 +19,16 @@ import gemma3  # noqa: E402
 @pytest.fixture(scope="module")
 def model():
     return gemma3.Gemma3(gemma3.model_path())
+
+
+@pytest.fixture
+def text(tmp_path):
+    """A short text file (about 40 tokens) for the scaled-down quality reports."""
+    path = tmp_path / "t.txt"
+    path.write_text("The lighthouse keeper climbed the stairs at dusk and lit the lamp. Ships "
+                    "passing the point counted the flashes, twelve in a minute, and steered wide "
+                    "of the rocks below, where the tide ran fast over the reef.")
+    return path
 
 
 def test_tokenizer_round_trip(model):
@@ -37,7 +48,6 @@ def test_generates_paris(model):
 def test_int8_caches_track_float_attention(model):
     """A few layers' worth of real activations: next-token logits of the int8 run stay close
     to float attention over the unquantized cache."""
-    import numpy as np
     ids = model.tokenizer.encode("The lighthouse keeper climbed the stairs at dusk and lit the lamp.")
     h8 = model.forward(ids, 0, model.caches(64, "int8"))
     h32 = model.forward(ids, 0, model.caches(64, "fp32"))
@@ -46,13 +56,9 @@ def test_int8_caches_track_float_attention(model):
     assert np.max(np.abs(l8 - l32)) < 0.05 * np.max(np.abs(l32))
 
 
-def test_quality_report_on_a_short_text(model, tmp_path):
+def test_quality_report_on_a_short_text(model, text):
     """The --compare report, scaled down: every row scored, bfloat16 closest to fp32, and the
     rotation closer than plain int8 (the README's table, in miniature)."""
-    text = tmp_path / "t.txt"
-    text.write_text("The lighthouse keeper climbed the stairs at dusk and lit the lamp. Ships "
-                    "passing the point counted the flashes, twelve in a minute, and steered wide "
-                    "of the rocks below, where the tide ran fast over the reef.")
     with pytest.raises(ValueError, match="scores positions after the first 1000"):
         gemma3.compare(model, str(text))
     rep = gemma3.compare(model, str(text), first=16)
@@ -81,7 +87,6 @@ def test_quality_report_rotation_seed_reaches_only_the_rotated_caches(model, tmp
                     "valley past three towns before it meets the sea at a wide, slow estuary.")
     a = gemma3.compare(model, str(text), first=8)["rows"]
     b = gemma3.compare(model, str(text), first=8, rotation_seed=1)["rows"]
-    import numpy as np
     for name in ("int8, plain", "bf16"):
         assert a[name].keys() == b[name].keys()
         for key, value in a[name].items():
@@ -89,16 +94,12 @@ def test_quality_report_rotation_seed_reaches_only_the_rotated_caches(model, tmp
     assert a["int8, default"]["kl_mean"] != b["int8, default"]["kl_mean"]
 
 
-def test_format_study_on_a_short_text(model, tmp_path):
+def test_format_study_on_a_short_text(model, text):
     """examples/kv_formats.py, scaled down: emulated formats scored like --compare's rows; the
     emulated default format lands near the kernel's own default row (the same format),
     quantizing one side alone loses less than quantizing both, and balancing K against the
     queries loses less than the default."""
     import kv_formats
-    text = tmp_path / "t.txt"
-    text.write_text("The lighthouse keeper climbed the stairs at dusk and lit the lamp. Ships "
-                    "passing the point counted the flashes, twelve in a minute, and steered wide "
-                    "of the rocks below, where the tide ran fast over the reef.")
     names = ["bf16", "keep_first", "default", "K only", "V only", "k32", "balanced"]
     rows = kv_formats.study(model, str(text), names, seed=0, first=16)["rows"]
     assert list(rows) == names
@@ -114,15 +115,10 @@ def test_format_study_on_a_short_text(model, tmp_path):
     assert rows["balanced"]["kl_mean"] < 0.8 * rows["default"]["kl_mean"]     # 0.44x here
 
 
-def test_quality_report_limit_scores_a_prefix(model, tmp_path):
+def test_quality_report_limit_scores_a_prefix(model, text):
     """--limit N teacher-forces the first N tokens: with N a whole number of chunks the run is
     the full run cut short (causal attention, the same appends), so every position it scores
     has the full run's KL and choice; the per-position arrays agree with the summaries."""
-    import numpy as np
-    text = tmp_path / "t.txt"
-    text.write_text("The lighthouse keeper climbed the stairs at dusk and lit the lamp. Ships "
-                    "passing the point counted the flashes, twelve in a minute, and steered wide "
-                    "of the rocks below, where the tide ran fast over the reef.")
     full = gemma3.compare(model, str(text), first=8, chunk=8)
     cut = gemma3.compare(model, str(text), first=8, chunk=8, limit=24)
     assert full["tokens"] > 30 and cut["tokens"] == 24 and cut["positions"] == 16
