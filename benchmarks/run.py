@@ -4,6 +4,7 @@
 
 Runs every case of DESIGN section 6 (the seed's table per tier and q_bits, hot and cold regimes,
 longer contexts, GQA 32/8, thread scaling 1..N, and the numpy / torch baselines when present),
+then the decode under load (0 .. N busy-loop processes on the N CPUs, 1 thread vs the default),
 prints a table and the issue's targets, and writes the report (machine, versions, commit, tier,
 threads, each figure's min / median / max). Compare two reports with benchmarks/compare.py.
 """
@@ -115,9 +116,25 @@ def print_rotation(results, default_tier, costs=()):
                   f"{c['default']['n']} rounds)")
 
 
-def print_targets(results, default_tier):
+def print_contention(rows):
+    """Decode under load: busy-loop processes on the CPUs, one thread against the default count
+    (their calls alternating, so both meet the same load)."""
+    if not rows:
+        return
+    print(f"\ndecode with busy-loop processes on the CPUs (medians, us; default = "
+          f"{rows[0]['threads']} threads):")
+    for r in rows:
+        print(f"  busy {r['busy']}, {r['tokens']:>6} tokens: 1 thread {r['one']['median'] * 1e6:8.1f}, "
+              f"default {r['default']['median'] * 1e6:8.1f}  (default / 1 thread: {r['ratio']:.2f})")
+
+
+def print_targets(results, default_tier, contention=()):
     """The issue's targets, each from this run's medians (q_bits=16, default threads)."""
     lines = []
+    for r in contention:
+        if r["busy"]:
+            lines.append((f"busy {r['busy']}, {r['tokens']} tokens: default threads at most 1.5x "
+                          f"one thread", r["ratio"], r["ratio"] <= 1.5))
 
     def ours(tokens, regime, h=8):
         return find_tier(results, "", default_tier, impl="int8attn", h=h, tokens=tokens,
@@ -164,8 +181,12 @@ def main(argv=None):
     budget = args.budget or (0.25 if args.quick else 1.5)
     results = _bench.run_cases(cases, budget)
     costs = [] if args.quick else [_bench.format_cost(s, 2 * budget) for s in SEED]
+    cpus = _bench.machine_info()["affinity_cpus"]
+    busy = range(cpus + 1) if not args.quick else (0, cpus)
+    load = [_bench.contention(s, b, budget) for b in busy for s in (512, 8192)]
     rep = _bench.report(results, {"quick": args.quick, "budget_s": budget})
     rep["format_cost"] = costs
+    rep["contention"] = load
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                    rep["created"].replace(":", "") + ".json")
     _bench.write_json(rep, out)
@@ -174,7 +195,8 @@ def main(argv=None):
           f"({m['affinity_cpus']} CPUs); tier {rep['tier']}; threads {rep['threads']}")
     print_table(results)
     print_rotation(results, rep["tier"], costs)
-    print_targets(results, rep["tier"])
+    print_contention(load)
+    print_targets(results, rep["tier"], load)
     print(f"\nreport: {out}")
 
 

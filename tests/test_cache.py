@@ -4,6 +4,7 @@ import gc
 import os
 import sys
 import threading
+import time
 import tracemalloc
 
 import numpy as np
@@ -228,8 +229,10 @@ def test_no_memory_growth_over_many_appends_and_decodes(tier):
     finally:
         tracemalloc.stop()
     assert grown < 16 * 1024
-    if linux:
-        # untraced memory (a C buffer per call, e.g. the decode scratch of ~11 kB) would show here
+    # untraced memory (a C buffer per call, e.g. the decode scratch of ~11 kB) would show here;
+    # not under AddressSanitizer, whose quarantine holds freed memory back by design (the
+    # sanitizer lane's C cross-check runs LeakSanitizer instead)
+    if linux and not os.environ.get("INT8ATTN_SANITIZED"):
         assert _rss_bytes() - rss < 8 * 1024 * 1024
 
 
@@ -244,13 +247,12 @@ def test_gil_is_released_while_a_kernel_runs():
     seen_busy = []
 
     def work():
-        for _ in range(200):
-            if seen_busy:
-                break
+        deadline = time.monotonic() + 10.0
+        while not seen_busy and time.monotonic() < deadline:
             try:
                 cache.decode(q)
             except RuntimeError:
-                pass                              # the main thread held it: try again
+                pass              # the main thread held it (with no GIL, often): try again
         done.set()
 
     t = threading.Thread(target=work)

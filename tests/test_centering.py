@@ -289,7 +289,7 @@ def test_version_1_files_load_uncentered_and_bad_centering_state_is_refused():
         ({key: val for key, val in s.items() if key != "v_offset"}, "lacks v_offset"),
         (dict(s, k_first=s["k_first"][:1]), r"k_first must be float32 \[2, 32\]"),
         (dict(s, v_offset=s["v_offset"].astype(np.float64)), "v_offset must be float32"),
-        (dict(s, k_offset=nan), "k_offset holds non-finite"),
+        (dict(s, k_offset=nan), "k_offset holds NaN, Inf or values beyond"),
         (dict(s, keep_first=False), "center without keep_first"),
     ):
         with pytest.raises(ValueError, match=match):

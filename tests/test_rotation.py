@@ -143,8 +143,8 @@ def test_state_without_rotation_keys_loads_unrotated(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, exc, match", [({"rotate": 1}, TypeError, "rotate must be True or False"),
-                                                ({"rotation_seed": -1}, ValueError, "rotation_seed must be at least 0"),
-                                                ({"rotation_seed": 1 << 64}, ValueError, "below 2\\*\\*64"),
+                                                ({"rotation_seed": -1}, ValueError, r"rotation_seed must be from 0 to 2\*\*64 - 1, got -1"),
+                                                ({"rotation_seed": 1 << 64}, ValueError, r"rotation_seed must be from 0 to 2\*\*64 - 1"),
                                                 ({"rotation_seed": 1.5}, TypeError, "rotation_seed must be an int")])
 def test_rotation_arguments(kwargs, exc, match):
     with pytest.raises(exc, match=match):

@@ -132,8 +132,9 @@ def test_mismatched_state_is_a_clear_error(tmp_path):
         (tamper(s, length=np.float64(20)), "length must be an integer"),
         (tamper(s, length=25), r"k_i8 must be int8 \[2, 25, 32\]"),
         (tamper(s, k_i8=bad_code), "holds -128"),
-        (tamper(s, v_scale=nan_scale), "negative or non-finite"),
-        (tamper(s, head_dim=24), r"k_i8 must be int8 \[2, 20, 24\]"),
+        (tamper(s, v_scale=nan_scale), r"v_scale holds scales outside \[0, 9.3e\+18\] \(negative, NaN"),
+        (tamper(s, head_dim=24), r"state head_dim must be a multiple of 16 and at most 1024, got 24"),
+        (tamper(s, head_dim=48), r"k_i8 must be int8 \[2, 20, 48\]"),
     ]
     for state, match in cases:
         with pytest.raises(ValueError, match=match):

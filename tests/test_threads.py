@@ -86,6 +86,7 @@ def test_default_is_the_affinity_mask():
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_pool_survives_fork(threads):
     """After fork only the forking thread exists in the child: its pool starts afresh."""
     rng = np.random.default_rng(1)
@@ -145,3 +146,15 @@ def test_format_cost_times_both_formats():
     c = _bench.format_cost(40, 0.0, h=4, hkv=2, d=16, pairs=3)
     assert (c["tokens"], c["h"], c["hkv"], c["d"], c["pairs"]) == (40, 4, 2, 16, 3)
     assert c["default"]["n"] == c["plain"]["n"] == 30 and c["ratio"] > 0
+
+
+def test_contention_times_both_thread_counts_under_load(threads):
+    from int8attn import _bench
+    ia.set_num_threads(2)
+    c = _bench.contention(40, 1, 0.0, h=4, hkv=2, d=16, blocks=3)
+    assert (c["tokens"], c["busy"], c["threads"]) == (40, 1, 2)
+    assert c["one"]["n"] == c["default"]["n"] == 15 and c["ratio"] > 0
+    assert ia.get_num_threads() == 2
+    with _bench.busy_processes(2) as procs:
+        assert all(p.poll() is None for p in procs)
+    assert all(p.poll() is not None for p in procs)

@@ -202,6 +202,49 @@ def format_cost(tokens, budget, h=8, hkv=8, d=128, seed=0, pairs=4):
             "ratio": float(np.median(np.divide(default, plain)))}
 
 
+@contextlib.contextmanager
+def busy_processes(n):
+    """n processes that each keep one CPU busy (a Python busy loop) while the block runs."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        time.sleep(0.3 if n else 0.0)                # let them start spinning
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError("a busy-loop process did not start")
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+def contention(tokens, busy, budget, h=8, hkv=8, d=128, seed=0, blocks=10):
+    """Decode with one thread and with the default thread count while `busy` busy-loop processes
+    hold CPUs (0 = an idle machine). The thread counts alternate in blocks of calls (a tenth of
+    the budget each, its first calls untimed), so both meet the same load while neither's calls
+    follow the other's directly (a pool's idle workers then spin or sleep as in a run of that
+    count alone). ``ratio`` is the default's median time over the one thread's."""
+    case = Case("int8attn", h, hkv, d, tokens)
+    k, v, q = _data(case, np.random.default_rng(seed))
+    cache = _cache_for(case)
+    cache.append(k, v)
+    out = np.empty((h, d), np.float32)
+    n = get_num_threads()
+    times = {1: [], n: []}
+    try:
+        with busy_processes(busy):
+            for _ in range(blocks):
+                for t in times:
+                    set_num_threads(t)
+                    times[t] += _timed(lambda i: cache.decode(q, out=out), 1, 5,
+                                       budget / blocks / 2)
+    finally:
+        set_num_threads(n)
+    one, default = _stats(times[1]), _stats(times[n])
+    return {"tokens": tokens, "busy": busy, "threads": n, "one": one, "default": default,
+            "ratio": default["median"] / one["median"]}
+
+
 def run_numpy(case, budget, rng):
     """fp32 attention in numpy (its BLAS) over a float32 copy of the dequantized cache."""
     k, v, q = _data(case, rng)

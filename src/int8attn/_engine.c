@@ -23,17 +23,60 @@ static int has_offsets(const i8a_cache *c, size_t len)
     return c->k_off != NULL && len >= 2;
 }
 
+/* Whether the d values at x are all within +-I8A_VALUE_MAX (false for NaN and Inf); *absmax
+ * gets their largest magnitude. No early exit: the loop vectorizes. */
+static int in_range(const float *x, size_t d, float *absmax)
+{
+    int ok = 1;
+    float m = 0.0f;
+    for (size_t i = 0; i < d; i++) {
+        const float a = fabsf(x[i]);
+        ok &= a <= I8A_VALUE_MAX;
+        m = a > m ? a : m;
+    }
+    *absmax = m;
+    return ok;
+}
+
 /* Doubles of set_offset's sums on the stack: the heads are summed this many elements at a time
  * (at least 4 heads of the largest head dim), so a token's rows are read in one sweep. */
 #define I8A_OFFSET_SUMS 4096
 
+/* Rows (at most) that decide whether a head keeps its offset. */
+#define I8A_OFFSET_SAMPLE 64
+
+/* A mean is kept as the offset only when it does not dwarf the rows it comes from: of (up to)
+ * I8A_OFFSET_SAMPLE rows evenly spread over x's rows [from, t) of head `head`, at most half may
+ * grow by centering to more than twice their norm. One outlier (a single huge element in a
+ * prefill) drags the mean far from every other row, and centering would then store every later
+ * row as about minus that mean, its own values lost in the steps; with a zero offset the
+ * outlier only sets its own row's scale. */
+static int offset_keeps(const float *x, size_t t, size_t from, size_t hkv, size_t d, size_t head,
+                        const double *mean)
+{
+    const size_t rows = t - from, n = rows < I8A_OFFSET_SAMPLE ? rows : I8A_OFFSET_SAMPLE;
+    size_t grown = 0;
+    for (size_t j = 0; j < n; j++) {
+        const float *row = x + ((from + j * rows / n) * hkv + head) * d;
+        double raw = 0.0, centered = 0.0;
+        for (size_t i = 0; i < d; i++) {
+            const double c = (double)row[i] - mean[i];
+            raw += (double)row[i] * (double)row[i];
+            centered += c * c;
+        }
+        grown += centered > 4.0 * raw;
+    }
+    return 2 * grown <= n;
+}
+
 /* off[head] = R (the mean of x's rows from token `from` on), per kv head (rotated when the
  * cache rotates): sums in double, in token order. Fewer than I8A_OFFSET_MIN_ROWS rows make no
- * estimate worth its noise: the offsets are then zero, which centers nothing (the same codes,
- * and decode values, as without centering). The same pass finds the first row (token * hkv +
- * head) of x [t * hkv][d] holding a NaN or an Inf, returned (t * hkv when there is none: the
- * offsets are then unspecified, and the caller must not commit them). Zero offsets read nothing
- * and return t * hkv: the rows are checked as they are stored. */
+ * estimate worth its noise, and a mean that offset_keeps rejects is no offset of its rows: the
+ * offsets are then zero, which centers nothing (the same codes, and decode values, as without
+ * centering). The same pass finds the first row (token * hkv + head) of x [t * hkv][d] that is
+ * not in range (in_range), returned (t * hkv when there is none: the offsets are then
+ * unspecified, and the caller must not commit them). Too few rows read nothing and return
+ * t * hkv: the rows are checked as they are stored. */
 static size_t set_offset(const i8a_kernels *kt, const i8a_cache *c, const float *x, size_t t,
                          size_t from, float *off)
 {
@@ -51,20 +94,21 @@ static size_t set_offset(const i8a_kernels *kt, const i8a_cache *c, const float 
         for (size_t tok = 0; tok < t; tok++) {
             const float *rows = x + (tok * hkv + h0) * d;    /* heads h0 .. h0+nh-1, adjacent */
             for (size_t h = 0; h < nh; h++) {
-                int finite = 1;                  /* no early exit: the loop vectorizes */
-                for (size_t i = h * d; i < (h + 1) * d; i++)
-                    finite &= fabsf(rows[i]) <= FLT_MAX;     /* false for Inf and NaN */
-                if (!finite && tok * hkv + h0 + h < bad)
+                float unused;
+                if (!in_range(rows + h * d, d, &unused) && tok * hkv + h0 + h < bad)
                     bad = tok * hkv + h0 + h;
             }
             if (tok >= from)
                 for (size_t i = 0; i < n; i++)
                     sum[i] += rows[i];
         }
+        for (size_t i = 0; i < n; i++)
+            sum[i] = sum[i] / (double)(t - from);          /* now the means */
         for (size_t h = 0; h < nh; h++) {
             float *o = off + (h0 + h) * d;
+            const int keep = offset_keeps(x, t, from, hkv, d, h0 + h, sum + h * d);
             for (size_t i = 0; i < d; i++)
-                o[i] = (float)(sum[h * d + i] / (double)(t - from));
+                o[i] = keep ? (float)sum[h * d + i] : 0.0f;
             if (c->sign)
                 kt->rotate(o, d, c->sign, 0, o);
         }
@@ -109,15 +153,18 @@ int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const 
             memcpy(c->k_first + head * d, k + r * d, d * sizeof(float));
             memcpy(c->v_first + head * d, v + r * d, d * sizeof(float));
         }
-        /* a NaN or an Inf stays one through the rotation and the offset, so the check still
-         * names this row */
-        if (store_row(kt, c, k + r * d, centered ? c->k_off + head * d : NULL, c->k + row * d,
-                      c->ks + row) != 0) {
+        /* rows in range stay finite through the rotation and the offset (I8A_VALUE_MAX), so
+         * the quantizer's own check of the stored row never fails after this one */
+        float unused;
+        if (!in_range(k + r * d, d, &unused)
+            || store_row(kt, c, k + r * d, centered ? c->k_off + head * d : NULL,
+                         c->k + row * d, c->ks + row) != 0) {
             *bad = r;
             return 1;
         }
-        if (store_row(kt, c, v + r * d, centered ? c->v_off + head * d : NULL, c->v + row * d,
-                      c->vs + row) != 0) {
+        if (!in_range(v + r * d, d, &unused)
+            || store_row(kt, c, v + r * d, centered ? c->v_off + head * d : NULL,
+                         c->v + row * d, c->vs + row) != 0) {
             *bad = r;
             return 2;
         }
@@ -276,13 +323,14 @@ static int prepare_q(const i8a_kernels *kt, const float *q, size_t d, int two_pl
     return 0;
 }
 
-/* (x . y) * scale over d floats, summed in double in index order. */
+/* (x . y) * scale over d floats, summed in double in index order, rounded to float once (the
+ * dot of two rows in range can exceed float32's range before the scale brings it back). */
 static float dot_scaled(const float *x, const float *y, size_t d, float scale)
 {
     double acc = 0.0;
     for (size_t i = 0; i < d; i++)
         acc += (double)x[i] * (double)y[i];
-    return (float)acc * scale;
+    return (float)(acc * (double)scale);
 }
 
 typedef struct {
@@ -408,7 +456,7 @@ static void finish_head(const decode_job *job, size_t g)
     }
 }
 
-static void decode_range(void *ctx, size_t begin, size_t end, size_t worker)
+static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size_t worker)
 {
     const decode_job *job = (const decode_job *)ctx;
     const i8a_cache *c = job->c;
@@ -429,9 +477,10 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t worker)
             const i8a_visible v = visible(c, job->t, tt, job->opt);
             whole = v.a1 <= c0 && c1 <= v.b1;
         }
+        const size_t then = item + 1 < end ? item + 1 : after;   /* this thread's next item */
         i8a_span next = {0};
-        if (item + 1 < end)
-            next = chunk_span(c, (item + 1) / nvis, job->vis[(item + 1) % nvis]);
+        if (then < c->hkv * nvis)
+            next = chunk_span(c, then / nvis, job->vis[then % nvis]);
         if (whole) {
             i8a_span span = whole_span;
             span.next_k = next.k, span.next_v = next.v, span.next_n = next.n;
@@ -476,6 +525,11 @@ int i8a_decode(const i8a_kernels *kt, const i8a_cache *c, const float *q, size_t
             const size_t g = head / nq, r = g * job.L.rows + tt * nq + head % nq;
             float tmp[I8A_MAX_HEAD_DIM];
             const float *q0 = q + (tt * h + head) * d;
+            float qmax;
+            if (!in_range(q0, d, &qmax) || (double)qmax * opt->scale > I8A_QSCALE_MAX) {
+                *bad = tt * h + head;
+                return in_range(q0, d, &qmax) ? 2 : 1;
+            }
             const float *qrow = maybe_rotated(kt, c, q0, tmp);
             if (prepare_q(kt, qrow, d, opt->q_bits == 16, opt->scale, q_hi + r * d, q_lo + r * d,
                           c_hi + r, c_lo + r, residual) != 0) {
@@ -511,7 +565,7 @@ typedef struct {
     _Atomic uint64_t sum;
 } stream_job;
 
-static void stream_range(void *ctx, size_t begin, size_t end, size_t worker)
+static void stream_range(void *ctx, size_t begin, size_t end, size_t after, size_t worker)
 {
     (void)worker;
     stream_job *job = (stream_job *)ctx;
@@ -521,9 +575,10 @@ static void stream_range(void *ctx, size_t begin, size_t end, size_t worker)
     for (size_t item = begin; item < end; item++) {
         /* the same items, ranges and prefetch of the next item as a decode */
         const i8a_span s = chunk_span(c, item / job->chunks, item % job->chunks);
+        const size_t then = item + 1 < end ? item + 1 : after;
         i8a_span next = {0};                                /* no next: NULL, no prefetch */
-        if (item + 1 < end)
-            next = chunk_span(c, (item + 1) / job->chunks, (item + 1) % job->chunks);
+        if (then < c->hkv * job->chunks)
+            next = chunk_span(c, then / job->chunks, then % job->chunks);
         x ^= stream(s.k, s.n * c->d, next.k);
         x ^= stream(s.v, s.n * c->d, next.v);
         x ^= stream(s.ks, s.n * sizeof(float), NULL);

@@ -23,6 +23,17 @@
  * position 0 sets them to the mean of its own rows past position 0, or to zeros when it holds
  * fewer than I8A_OFFSET_MIN_ROWS of them (a cache filled token by token: one row is no mean). */
 #define I8A_OFFSET_MIN_ROWS 16
+
+/* The range of the format. Every value appended (k, v) or decoded against (q) must be within
+ * +-I8A_VALUE_MAX (2^64): then no step of the format (the rotation grows a row's largest value
+ * by at most sqrt(1024) = 2^5, the offsets add one more bit: stored rows stay within 2^70) nor
+ * of a chunk's V sum (256 * 2^70) can leave float32's range. A decode's softmax scale times the
+ * largest |q| of a query row must be at most I8A_QSCALE_MAX (2^40): every logit is then below
+ * 2^10 * 2^5 * 2^70 * 2^40 < 2^126 in magnitude, and so is every product on the way to it, so
+ * logits are finite and their differences too. */
+#define I8A_VALUE_MAX 0x1p64f
+#define I8A_QSCALE_MAX 0x1p40f
+
 typedef struct {
     int8_t *k, *v;
     float *ks, *vs;
@@ -34,8 +45,9 @@ typedef struct {
 
 /* Quantize t tokens, k and v each [t][hkv][d] float32, into rows len .. len+t-1 (len itself is
  * not changed: the caller commits it; position 0's float row and the offsets written here
- * count only once it does). Returns 0, or 1 / 2 when k / v holds a NaN or an Inf, with
- * *bad = token * hkv + head of the first such row. Requires len + t <= cap. */
+ * count only once it does). Returns 0, or 1 / 2 when k / v holds a NaN, an Inf or a value
+ * beyond +-I8A_VALUE_MAX, with *bad = token * hkv + head of the first such row. Requires
+ * len + t <= cap. */
 int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const float *v,
                size_t t, size_t *bad);
 
@@ -63,7 +75,9 @@ size_t i8a_decode_scratch_size(const i8a_cache *c, size_t t, size_t h, const i8a
  * head r / (h / hkv). The work splits into (kv head, chunk) items over up to `threads` threads;
  * each K/V row is read once for all t queries of a kv head, and chunks a query cannot see are
  * not read. Results merge in position order, so the output does not depend on the thread
- * count. Returns 0, or 1 when q row *bad ([t * h + head]) holds a NaN or an Inf (out untouched). */
+ * count. opt->scale must be positive and finite. Returns 0, or with out untouched and *bad the
+ * q row ([t * h + head]): 1 when the row holds a NaN, an Inf or a value beyond +-I8A_VALUE_MAX,
+ * 2 when scale times the row's largest |q| exceeds I8A_QSCALE_MAX. */
 int i8a_decode(const i8a_kernels *kt, const i8a_cache *c, const float *q, size_t t, size_t h,
                const i8a_options *opt, float *out, void *scratch, size_t threads, size_t *bad);
 

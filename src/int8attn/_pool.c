@@ -16,18 +16,31 @@
 #include <time.h>
 #include <unistd.h>
 
-/* No PAUSE on x86: under KVM a PAUSE loop trips pause-loop exiting and the hypervisor
- * deschedules the spinning vCPU, which measured here as millisecond stalls of the next job. */
-#if defined(__aarch64__)
-#define I8A_PAUSE() __asm__ volatile("yield")
-#else
-#define I8A_PAUSE() ((void)0)
-#endif
+/* How long a worker that took part in a job waits for the next one before it sleeps, yielding
+ * its CPU on every round: a decode loop (one call per layer, the model's other work between
+ * calls) finds its workers awake, and a machine whose CPUs are taken gives them away at once.
+ * The caller waits for running items this long before it sleeps. No PAUSE on x86: under KVM a
+ * PAUSE loop trips pause-loop exiting and the hypervisor deschedules the vCPU. */
+#define I8A_SPIN_NS 200000
+#define I8A_CALLER_SPIN_NS 50000
 
-/* Spin this long before sleeping: long enough that a decode loop (one call per layer, with the
- * model's other work between calls) finds its workers awake, since waking a sleeping thread
- * costs tens of microseconds here; short enough not to hold a core when idle. */
-#define I8A_SPIN_NS 1000000
+/* A job is published as one word: seq << 32 | (threads - 1) << 24 | units. A thread that read
+ * the word knows the job's ranges without reading anything the next job may overwrite. Items
+ * are claimed in units: one item each, or blocks of items when a job has more than
+ * I8A_MAX_UNITS of them. */
+#define I8A_MAX_UNITS ((1u << 24) - 1)
+
+static uint64_t job_word(uint32_t seq, size_t threads, size_t units)
+{
+    return (uint64_t)seq << 32 | (uint64_t)(threads - 1) << 24 | units;
+}
+
+static uint32_t word_seq(uint64_t w) { return (uint32_t)(w >> 32); }
+static size_t word_threads(uint64_t w) { return (size_t)((w >> 24) & 0xff) + 1; }
+static size_t word_units(uint64_t w) { return (size_t)(w & I8A_MAX_UNITS); }
+
+/* The first unit of range r of a job of `units` units over t threads. */
+static size_t range_start(size_t units, size_t r, size_t t) { return units * r / t; }
 
 static uint64_t now_ns(void)
 {
@@ -36,71 +49,135 @@ static uint64_t now_ns(void)
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
-/* Spin-wait helper: returns 0 while the caller should keep spinning (call with *until = 0 first). */
-static int spin_expired(uint64_t *until, unsigned *count)
+/* One round of a bounded spin: yields the CPU, and returns 1 once `ns` have passed since the
+ * first round (call with *until = 0 first). */
+static int spin_expired(uint64_t *until, unsigned *rounds, uint64_t ns)
 {
-    I8A_PAUSE();
-    if ((++*count & 255) != 0)
+    sched_yield();
+    if ((++*rounds & 15) != 0)
         return 0;
     const uint64_t t = now_ns();
     if (*until == 0)
-        *until = t + I8A_SPIN_NS;
+        *until = t + ns;
     return t >= *until;
 }
 
+typedef struct {
+    _Alignas(64) atomic_ullong next;    /* seq << 32 | the range's next unclaimed unit */
+} claim_slot;
+
+typedef struct {
+    _Alignas(64) pthread_mutex_t mu;    /* guards this worker's sleep */
+    pthread_cond_t wake;
+    atomic_int asleep;
+    uint32_t seen_at_start;             /* the job seq when the worker was created */
+} worker_slot;
+
 static struct {
-    pthread_mutex_t run;          /* one job at a time */
-    pthread_mutex_t mu;           /* guards the sleeps below */
-    pthread_cond_t wake, done;
-    atomic_ullong job;            /* (job number << 16) | threads taking part, published last */
-    atomic_size_t busy;           /* workers (not the caller) still in the job */
-    atomic_int sleepers;          /* callers/workers asleep on a condition */
+    pthread_mutex_t run;                /* one job at a time */
+    pthread_mutex_t mu;                 /* guards the caller's sleep */
+    pthread_cond_t done_cv;
+    atomic_int caller_asleep;
+    atomic_ullong job;                  /* the job word, published last */
+    atomic_size_t done;                 /* units of the job that have finished */
+    /* the job's task: written before its claims are armed, read only after a claim */
     i8a_task_fn fn;
     void *ctx;
-    size_t n_items;
-    size_t started;               /* worker threads created */
-    unsigned long long job_before_start;  /* the job word when the newest worker was created */
+    size_t n_items, block;
+    size_t started;                     /* worker threads created */
+    claim_slot claims[I8A_MAX_THREADS];
+    worker_slot workers[I8A_MAX_THREADS];
 } pool = {.run = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER,
-          .wake = PTHREAD_COND_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
+          .done_cv = PTHREAD_COND_INITIALIZER};
 
-/* Worker w of n takes items [w * items / n, (w + 1) * items / n). */
-static void take_items(size_t worker, size_t n)
+static void wake_worker(size_t w)
 {
-    const size_t begin = pool.n_items * worker / n, end = pool.n_items * (worker + 1) / n;
-    if (begin < end)
-        pool.fn(pool.ctx, begin, end, worker);
+    worker_slot *s = &pool.workers[w];
+    if (atomic_load(&s->asleep)) {
+        pthread_mutex_lock(&s->mu);
+        pthread_cond_signal(&s->wake);
+        pthread_mutex_unlock(&s->mu);
+    }
 }
 
-/* The job number and its thread count travel in one word: a worker that wakes late, after
- * the job it missed has ended, sees either that job's count (and it was not part of it: the
- * caller waited for every part) or the next job's word, never a mix of the two. */
+/* Wakes spread as a binary tree: each thread that joins a job wakes up to two more, so no one
+ * thread makes every wake-up call. A job's threads are 0 .. t-1, so children of a thread in
+ * the job are in it when their index is below t. */
+static void wake_children(size_t me, uint64_t word)
+{
+    const size_t t = word_threads(word);
+    for (size_t c = 2 * me + 1; c <= 2 * me + 2 && c < t; c++)
+        wake_worker(c);
+}
+
+static void notify_caller(void)
+{
+    if (atomic_load(&pool.caller_asleep)) {
+        pthread_mutex_lock(&pool.mu);
+        pthread_cond_signal(&pool.done_cv);
+        pthread_mutex_unlock(&pool.mu);
+    }
+}
+
+/* Claim and run units of the job `word`: this thread's own range first, then whatever is left
+ * in the others'. A claim succeeds only while the range's counter still carries this job's
+ * seq, so a thread that arrives after the job ended claims nothing. The units it ran count as
+ * done once it finds nothing left to claim (one shared write per thread, not per unit). */
+static void participate(size_t me, uint64_t word)
+{
+    const uint32_t seq = word_seq(word);
+    const size_t t = word_threads(word), units = word_units(word);
+    size_t ran = 0;
+    for (size_t k = 0; k < t; k++) {
+        const size_t r = (me + k) % t, end = range_start(units, r + 1, t);
+        atomic_ullong *next = &pool.claims[r].next;
+        unsigned long long old = atomic_load_explicit(next, memory_order_acquire);
+        while (word_seq(old) == seq && (old & 0xffffffffu) < end) {
+            if (!atomic_compare_exchange_weak_explicit(next, &old, old + 1, memory_order_acq_rel,
+                                                       memory_order_acquire))
+                continue;
+            const size_t u = (size_t)(old & 0xffffffffu), b = pool.block, n = pool.n_items;
+            const size_t begin = u * b, stop = begin + b < n ? begin + b : n;
+            pool.fn(pool.ctx, begin, stop, u + 1 < end ? stop : n, me);
+            ran++;
+            old = atomic_load_explicit(next, memory_order_acquire);
+        }
+    }
+    if (ran && atomic_fetch_add(&pool.done, ran) + ran == units)
+        notify_caller();
+}
+
 static void *worker_main(void *arg)
 {
     const size_t me = (size_t)arg;
-    unsigned long long seen = pool.job_before_start; /* set before pthread_create */
+    worker_slot *slot = &pool.workers[me];
+    uint32_t seen = slot->seen_at_start;
+    int spin = 0;
+    uint64_t until = 0;
+    unsigned rounds = 0;
     for (;;) {
-        unsigned long long job;
-        uint64_t until = 0;
-        unsigned count = 0;
-        while ((job = atomic_load(&pool.job)) == seen) {
-            if (!spin_expired(&until, &count))
-                continue;
-            pthread_mutex_lock(&pool.mu);
-            atomic_fetch_add(&pool.sleepers, 1);
-            while (atomic_load(&pool.job) == seen)
-                pthread_cond_wait(&pool.wake, &pool.mu);
-            atomic_fetch_sub(&pool.sleepers, 1);
-            pthread_mutex_unlock(&pool.mu);
-        }
-        seen = job;
-        if (me < (job & 0xffff)) {
-            take_items(me, job & 0xffff);
-            if (atomic_fetch_sub_explicit(&pool.busy, 1, memory_order_acq_rel) == 1) {
-                pthread_mutex_lock(&pool.mu);
-                pthread_cond_signal(&pool.done);
-                pthread_mutex_unlock(&pool.mu);
+        const uint64_t word = atomic_load(&pool.job);
+        if (word_seq(word) != seen) {
+            seen = word_seq(word);
+            spin = me < word_threads(word);     /* a job without this worker: park at once */
+            if (spin) {
+                wake_children(me, word);
+                participate(me, word);
             }
+            until = 0, rounds = 0;
+            continue;
         }
+        if (spin && !spin_expired(&until, &rounds, I8A_SPIN_NS))
+            continue;
+        /* seq_cst, as the caller's store of the job word and its load of `asleep`: either
+         * the caller sees this worker asleep (and wakes it) or the worker sees the new job */
+        pthread_mutex_lock(&slot->mu);
+        atomic_store(&slot->asleep, 1);
+        while (word_seq(atomic_load(&pool.job)) == seen)
+            pthread_cond_wait(&slot->wake, &slot->mu);
+        atomic_store(&slot->asleep, 0);
+        pthread_mutex_unlock(&slot->mu);
+        spin = 0;
     }
     return NULL;
 }
@@ -110,12 +187,13 @@ static void after_fork_child(void)
 {
     pthread_mutex_init(&pool.run, NULL);
     pthread_mutex_init(&pool.mu, NULL);
-    pthread_cond_init(&pool.wake, NULL);
-    pthread_cond_init(&pool.done, NULL);
-    atomic_store(&pool.sleepers, 0);
+    pthread_cond_init(&pool.done_cv, NULL);
+    atomic_store(&pool.caller_asleep, 0);
     pool.started = 0;
 }
 
+/* Workers 1 .. want-1 exist afterwards, as far as threads can be created; returns how many
+ * threads a job can use (workers + the caller). Called with pool.run held. */
 static size_t start_workers(size_t want)
 {
     static int registered = 0;
@@ -123,57 +201,73 @@ static size_t start_workers(size_t want)
         pthread_atfork(NULL, NULL, after_fork_child);
         registered = 1;
     }
-    pool.job_before_start = atomic_load(&pool.job);
     while (pool.started + 1 < want) {
+        const size_t w = pool.started + 1;
+        worker_slot *s = &pool.workers[w];
+        pthread_mutex_init(&s->mu, NULL);
+        pthread_cond_init(&s->wake, NULL);
+        atomic_store(&s->asleep, 0);
+        s->seen_at_start = word_seq(atomic_load(&pool.job));
         pthread_t t;
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        int rc = pthread_create(&t, &attr, worker_main, (void *)(pool.started + 1));
+        const int rc = pthread_create(&t, &attr, worker_main, (void *)w);
         pthread_attr_destroy(&attr);
         if (rc != 0)
             break;
-        pool.started++;
+        pool.started = w;
     }
     return pool.started + 1;
+}
+
+/* The caller has claimed everything that was left: wait for the units still running. */
+static void wait_done(size_t units)
+{
+    uint64_t until = 0;
+    unsigned rounds = 0;
+    while (atomic_load_explicit(&pool.done, memory_order_acquire) != units) {
+        if (!spin_expired(&until, &rounds, I8A_CALLER_SPIN_NS))
+            continue;
+        pthread_mutex_lock(&pool.mu);
+        atomic_store(&pool.caller_asleep, 1);
+        while (atomic_load(&pool.done) != units)
+            pthread_cond_wait(&pool.done_cv, &pool.mu);
+        atomic_store(&pool.caller_asleep, 0);
+        pthread_mutex_unlock(&pool.mu);
+    }
 }
 
 size_t i8a_pool_run(size_t n_items, size_t n_threads, i8a_task_fn fn, void *ctx)
 {
     size_t n = n_threads < n_items ? n_threads : n_items;
-    if (n > I8A_MAX_THREADS)
-        n = I8A_MAX_THREADS;
-    if (n <= 1 || pthread_mutex_trylock(&pool.run) != 0) {
-        if (n_items)
-            fn(ctx, 0, n_items, 0);
-        return 1;
+    n = n < I8A_MAX_THREADS ? n : I8A_MAX_THREADS;
+    if (n > 1 && pthread_mutex_trylock(&pool.run) == 0) {
+        const size_t have = start_workers(n);
+        n = n < have ? n : have;
+        if (n > 1) {
+            const size_t block = (n_items + I8A_MAX_UNITS - 1) / I8A_MAX_UNITS;
+            const size_t units = (n_items + block - 1) / block;
+            const uint32_t seq = word_seq(atomic_load(&pool.job)) + 1;
+            pool.fn = fn, pool.ctx = ctx, pool.n_items = n_items, pool.block = block;
+            atomic_store_explicit(&pool.done, 0, memory_order_relaxed);
+            for (size_t r = 0; r < n; r++)      /* arming a range publishes the task with it */
+                atomic_store_explicit(&pool.claims[r].next,
+                                      (uint64_t)seq << 32 | range_start(units, r, n),
+                                      memory_order_release);
+            const uint64_t word = job_word(seq, n, units);
+            atomic_store(&pool.job, word);
+            wake_children(0, word);
+            participate(0, word);
+            wait_done(units);
+            pthread_mutex_unlock(&pool.run);
+            return n;
+        }
+        pthread_mutex_unlock(&pool.run);
     }
-    size_t have = start_workers(n);
-    n = n < have ? n : have;
-    pool.fn = fn, pool.ctx = ctx, pool.n_items = n_items;
-    atomic_store_explicit(&pool.busy, n - 1, memory_order_relaxed);
-    /* seq_cst, as is the sleepers load after it: a worker going to sleep either is counted
-     * there (and woken) or sees the new job word before it sleeps */
-    unsigned long long number = (atomic_load(&pool.job) >> 16) + 1;
-    atomic_store(&pool.job, (number << 16) | n);
-    if (atomic_load(&pool.sleepers) > 0) {
-        pthread_mutex_lock(&pool.mu);
-        pthread_cond_broadcast(&pool.wake);
-        pthread_mutex_unlock(&pool.mu);
-    }
-    take_items(0, n);
-    uint64_t until = 0;
-    unsigned count = 0;
-    while (atomic_load_explicit(&pool.busy, memory_order_acquire) != 0) {
-        if (!spin_expired(&until, &count))
-            continue;
-        pthread_mutex_lock(&pool.mu);
-        while (atomic_load(&pool.busy) != 0)
-            pthread_cond_wait(&pool.done, &pool.mu);
-        pthread_mutex_unlock(&pool.mu);
-    }
-    pthread_mutex_unlock(&pool.run);
-    return n;
+    if (n_items)
+        fn(ctx, 0, n_items, n_items, 0);
+    return 1;
 }
 
 size_t i8a_cpus_available(void)
@@ -193,7 +287,7 @@ size_t i8a_pool_run(size_t n_items, size_t n_threads, i8a_task_fn fn, void *ctx)
 {
     (void)n_threads;
     if (n_items)
-        fn(ctx, 0, n_items, 0);
+        fn(ctx, 0, n_items, n_items, 0);
     return 1;
 }
 

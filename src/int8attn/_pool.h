@@ -1,9 +1,16 @@
-/* A persistent thread pool: workers are started once and wait between jobs (spinning briefly,
- * then sleeping), so a decode pays no thread start. The caller is worker 0 and takes part.
+/* A persistent thread pool that survives a busy machine. Workers are started once and wait
+ * between jobs; the caller takes part in every job.
  *
- * A job is n_items independent items, split into one contiguous range per thread (so each
- * thread streams through neighbouring memory and can prefetch its next item). Which thread
- * runs an item depends on the thread count: results must not depend on it. */
+ * A job is n_items independent items. Each of its T threads owns one contiguous range of them
+ * (so it streams through neighbouring memory and can prefetch its next item) and claims its
+ * items one by one; a thread whose range is done claims the items left in the others'. So the
+ * caller never waits for a worker that has not started: whatever a late or descheduled worker
+ * has not claimed, the caller runs itself, and it waits only for items already running.
+ * Which thread runs an item is therefore not fixed: results must not depend on it.
+ *
+ * Waiting: a worker that took part in a job spins a bounded time for the next one, yielding
+ * its CPU on every round, then sleeps; workers that a job does not include sleep at once and
+ * are not woken by it. */
 #ifndef I8A_POOL_H
 #define I8A_POOL_H
 
@@ -11,12 +18,14 @@
 
 #define I8A_MAX_THREADS 256
 
-/* Run items [begin, end) in order, on thread `worker`. */
-typedef void (*i8a_task_fn)(void *ctx, size_t begin, size_t end, size_t worker);
+/* Run items [begin, end) in order, on thread `worker` (< the job's thread count). `next` is
+ * the item this thread will probably run after them, a prefetch hint (n_items: none). */
+typedef void (*i8a_task_fn)(void *ctx, size_t begin, size_t end, size_t next, size_t worker);
 
-/* Run every item of [0, n_items) once, on at most n_threads threads (worker < n_threads), each
- * thread one contiguous range. Falls back to the calling thread alone when threads cannot be
- * started or the pool is busy with another caller's job. Returns the number of threads used. */
+/* Run every item of [0, n_items) exactly once, on at most n_threads threads, and return when
+ * all have run. Falls back to the calling thread alone when n_threads <= 1, when threads cannot
+ * be started, or when the pool is busy with another caller's job. Returns the thread count the
+ * job was split for. */
 size_t i8a_pool_run(size_t n_items, size_t n_threads, i8a_task_fn fn, void *ctx);
 
 /* CPUs this process may run on (its affinity mask), at least 1. */

@@ -4,11 +4,13 @@
  *      src/int8attn/_cpu.c src/int8attn/_pool.c src/int8attn/_simd/kernels.c -lm -pthread \
  *      && ./a.out
  * Prints one line per tier and exits non-zero on any difference. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "_engine.h"
+#include "_pool.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
@@ -81,6 +83,49 @@ static int rotation_differs(const i8a_kernels *kt, const i8a_kernels *scalar)
     return 0;
 }
 
+/* The pool: every item of a job runs exactly once, on a worker index below the job's thread
+ * count, with a prefetch hint that is an item or n_items; over many back-to-back jobs of
+ * uneven items (some spin, so threads steal from each other's ranges). 1 if any is wrong. */
+typedef struct {
+    _Atomic unsigned *count;
+    size_t n, threads;
+    atomic_int wrong;
+} pool_check;
+
+static void pool_task(void *ctx, size_t begin, size_t end, size_t next, size_t worker)
+{
+    pool_check *pc = ctx;
+    if (begin >= end || end > pc->n || worker >= pc->threads || next > pc->n)
+        atomic_store(&pc->wrong, 1);
+    for (size_t i = begin; i < end && i < pc->n; i++) {
+        atomic_fetch_add(&pc->count[i], 1);
+        if (i % 7 == worker % 7)                /* uneven work: some items take longer */
+            for (volatile int spin = 0; spin < 5000; spin++)
+                ;
+    }
+}
+
+static int pool_differs(void)
+{
+    static const size_t items[] = {1, 2, 3, 17, 64, 255, 1000};
+    static const size_t threads[] = {2, 3, 8, 64};
+    _Atomic unsigned *count = malloc(1000 * sizeof *count);
+    int failed = 0;
+    for (int round = 0; round < 8; round++)
+        for (size_t i = 0; i < sizeof items / sizeof items[0]; i++)
+            for (size_t j = 0; j < sizeof threads / sizeof threads[0]; j++) {
+                pool_check pc = {count, items[i], threads[j], 0};
+                for (size_t k = 0; k < pc.n; k++)
+                    atomic_init(&count[k], 0);
+                const size_t used = i8a_pool_run(pc.n, pc.threads, pool_task, &pc);
+                for (size_t k = 0; k < pc.n; k++)
+                    failed |= atomic_load(&count[k]) != 1;
+                failed |= atomic_load(&pc.wrong) || used > pc.threads || used > pc.n;
+            }
+    free(count);
+    return failed;
+}
+
 int main(void)
 {
     static const size_t shapes[][4] = {
@@ -118,5 +163,7 @@ int main(void)
                cases, diffs, rot ? "DIFFERS" : "agrees");
         failed |= diffs != 0 || rot;
     }
-    return failed;
+    const int pool = pool_differs();
+    printf("pool: every item exactly once over %d jobs: %s\n", 8 * 7 * 4, pool ? "FAILS" : "yes");
+    return failed | pool;
 }

@@ -116,8 +116,8 @@ static void i8a_dots_avx2(const int8_t *q, const int8_t *k, size_t n, size_t d, 
         i8a_dot2_avx2(q, q, k + s * d, d, 0, out + s, &unused);
 }
 
-/* exp of 8 lanes, the operations of i8a_exp_scalar. */
-static inline __m256 i8a_exp8_avx2(__m256 x)
+/* The exp's polynomial on 8 lanes, the operations of i8a_exp_poly_scalar. */
+static inline __m256 i8a_exp_poly8_avx2(__m256 x, __m256 *n_out)
 {
     const __m256 magic = _mm256_set1_ps(I8A_EXP_MAGIC);
     x = _mm256_max_ps(x, _mm256_set1_ps(I8A_EXP_LO));
@@ -131,19 +131,41 @@ static inline __m256 i8a_exp8_avx2(__m256 x)
     y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(I8A_EXP_P3));
     y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(I8A_EXP_P4));
     y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(I8A_EXP_P5));
-    y = _mm256_fmadd_ps(y, z, r);
-    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+    *n_out = n;
+    return _mm256_fmadd_ps(y, z, r);
+}
+
+/* y * 2^n on 8 lanes (i8a_scale2n_scalar). */
+static inline __m256 i8a_scale2n8_avx2(__m256 y, __m256 n)
+{
     __m256i e = _mm256_slli_epi32(_mm256_cvttps_epi32(n), 23);
     return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y), e));
+}
+
+/* exp of 8 lanes, the operations of i8a_exp_scalar. */
+static inline __m256 i8a_exp8_avx2(__m256 x)
+{
+    __m256 n;
+    const __m256 y = i8a_exp_poly8_avx2(x, &n);
+    return i8a_scale2n8_avx2(_mm256_add_ps(y, _mm256_set1_ps(1.0f)), n);
+}
+
+/* expm1 of 8 lanes, the operations of i8a_expm1_scalar. */
+static inline __m256 i8a_expm1_8_avx2(__m256 x)
+{
+    __m256 n;
+    const __m256 y = i8a_exp_poly8_avx2(x, &n), one = _mm256_set1_ps(1.0f);
+    const __m256 big = _mm256_sub_ps(i8a_scale2n8_avx2(_mm256_add_ps(y, one), n), one);
+    return _mm256_blendv_ps(big, y, _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_EQ_OQ));
 }
 
 /* i8a_softcap on 8 lanes (t >= +0, so the sign of u is or-ed in). */
 static inline __m256 i8a_softcap8_avx2(__m256 l, float cap, float inv_cap)
 {
-    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256 u = _mm256_mul_ps(l, _mm256_set1_ps(inv_cap));
-    const __m256 e = i8a_exp8_avx2(_mm256_mul_ps(_mm256_andnot_ps(sign, u), _mm256_set1_ps(-2.0f)));
-    const __m256 t = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+    const __m256 m = i8a_expm1_8_avx2(_mm256_mul_ps(_mm256_andnot_ps(sign, u), _mm256_set1_ps(-2.0f)));
+    const __m256 t = _mm256_div_ps(_mm256_andnot_ps(sign, m), _mm256_add_ps(_mm256_set1_ps(2.0f), m));
     return _mm256_mul_ps(_mm256_set1_ps(cap), _mm256_or_ps(t, _mm256_and_ps(u, sign)));
 }
 

@@ -153,8 +153,8 @@ static inline void i8a_kdots_avx512_vnni(const i8a_query *q, const i8a_span *kv,
     }
 }
 
-/* exp of 16 lanes, the operations of i8a_exp_scalar. */
-static inline __m512 i8a_exp16_avx512_vnni(__m512 x)
+/* The exp's polynomial on 16 lanes, the operations of i8a_exp_poly_scalar. */
+static inline __m512 i8a_exp_poly16_avx512_vnni(__m512 x, __m512 *n_out)
 {
     const __m512 magic = _mm512_set1_ps(I8A_EXP_MAGIC);
     x = _mm512_max_ps(x, _mm512_set1_ps(I8A_EXP_LO));
@@ -168,20 +168,41 @@ static inline __m512 i8a_exp16_avx512_vnni(__m512 x)
     y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(I8A_EXP_P3));
     y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(I8A_EXP_P4));
     y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(I8A_EXP_P5));
-    y = _mm512_fmadd_ps(y, z, r);
-    y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
+    *n_out = n;
+    return _mm512_fmadd_ps(y, z, r);
+}
+
+/* y * 2^n on 16 lanes (i8a_scale2n_scalar). */
+static inline __m512 i8a_scale2n16_avx512_vnni(__m512 y, __m512 n)
+{
     __m512i e = _mm512_slli_epi32(_mm512_cvttps_epi32(n), 23);
     return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(y), e));
+}
+
+/* exp of 16 lanes, the operations of i8a_exp_scalar. */
+static inline __m512 i8a_exp16_avx512_vnni(__m512 x)
+{
+    __m512 n;
+    const __m512 y = i8a_exp_poly16_avx512_vnni(x, &n);
+    return i8a_scale2n16_avx512_vnni(_mm512_add_ps(y, _mm512_set1_ps(1.0f)), n);
+}
+
+/* expm1 of 16 lanes, the operations of i8a_expm1_scalar. */
+static inline __m512 i8a_expm1_16_avx512_vnni(__m512 x)
+{
+    __m512 n;
+    const __m512 y = i8a_exp_poly16_avx512_vnni(x, &n), one = _mm512_set1_ps(1.0f);
+    const __m512 big = _mm512_sub_ps(i8a_scale2n16_avx512_vnni(_mm512_add_ps(y, one), n), one);
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_EQ_OQ), big, y);
 }
 
 /* i8a_softcap on 16 lanes (t >= +0, so the sign of u is or-ed in). */
 static inline __m512 i8a_softcap16_avx512_vnni(__m512 l, float cap, float inv_cap)
 {
     const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
-    const __m512 one = _mm512_set1_ps(1.0f);
     const __m512 u = _mm512_mul_ps(l, _mm512_set1_ps(inv_cap));
-    const __m512 e = i8a_exp16_avx512_vnni(_mm512_mul_ps(_mm512_abs_ps(u), _mm512_set1_ps(-2.0f)));
-    const __m512 t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+    const __m512 m = i8a_expm1_16_avx512_vnni(_mm512_mul_ps(_mm512_abs_ps(u), _mm512_set1_ps(-2.0f)));
+    const __m512 t = _mm512_div_ps(_mm512_abs_ps(m), _mm512_add_ps(_mm512_set1_ps(2.0f), m));
     const __m512i st = _mm512_or_si512(_mm512_castps_si512(t), _mm512_and_si512(_mm512_castps_si512(u), sign));
     return _mm512_mul_ps(_mm512_set1_ps(cap), _mm512_castsi512_ps(st));
 }

@@ -89,7 +89,9 @@ static inline int8_t i8a_quantize_one(float x, float inv)
 #define I8A_EXP_P4 1.6666665459e-1f
 #define I8A_EXP_P5 5.0000001201e-1f
 
-static inline float i8a_exp_scalar(float x)
+/* The polynomial part of the exp: x = n ln2 + r, returns y = expm1(r) (before the "+ 1") and
+ * sets *n. */
+static inline float i8a_exp_poly_scalar(float x, float *n_out)
 {
     x = x > I8A_EXP_LO ? x : I8A_EXP_LO;
     float n = fmaf(x, I8A_LOG2E, I8A_EXP_MAGIC) - I8A_EXP_MAGIC;
@@ -102,13 +104,34 @@ static inline float i8a_exp_scalar(float x)
     y = fmaf(y, r, I8A_EXP_P3);
     y = fmaf(y, r, I8A_EXP_P4);
     y = fmaf(y, r, I8A_EXP_P5);
-    y = fmaf(y, z, r);
-    y = y + 1.0f;
+    *n_out = n;
+    return fmaf(y, z, r);
+}
+
+/* y * 2^n for integral n with 2^n normal, by adding n to the exponent bits. */
+static inline float i8a_scale2n_scalar(float y, float n)
+{
     int32_t bits;
     memcpy(&bits, &y, sizeof bits);
     bits += (int32_t)n * (1 << 23);
     memcpy(&y, &bits, sizeof y);
     return y;
+}
+
+static inline float i8a_exp_scalar(float x)
+{
+    float n;
+    const float y = i8a_exp_poly_scalar(x, &n);
+    return i8a_scale2n_scalar(y + 1.0f, n);
+}
+
+/* exp(x) - 1 for x <= 0 without cancellation near 0: the polynomial's own expm1(r) when n = 0
+ * (|x| below about ln2 / 2, where r = x exactly), else exp(x) - 1 from the same steps. */
+static inline float i8a_expm1_scalar(float x)
+{
+    float n;
+    const float y = i8a_exp_poly_scalar(x, &n);
+    return n == 0.0f ? y : i8a_scale2n_scalar(y + 1.0f, n) - 1.0f;
 }
 
 /* The softmax sum of a chunk: p[s] goes to lane s % 16 (each lane sums in token order), then
@@ -133,14 +156,15 @@ static inline float i8a_logit(int32_t dh, int32_t dl, float c_hi, float c_lo, in
     return (two ? fmaf((float)dl, c_lo, hi) : hi) * ks;
 }
 
-/* The logit soft cap (Gemma 2): cap * tanh(logit / cap), tanh from the contract's exp:
- *   u = logit * inv_cap;  e = exp(|u| * -2);  t = (1 - e) / (1 + e);  t takes u's sign;
- *   result = cap * t.  Every tier does these operations in this order. */
+/* The logit soft cap (Gemma 2): cap * tanh(logit / cap), tanh from the contract's expm1, which
+ * keeps full precision for logits far below the cap (no 1 - e cancellation):
+ *   u = logit * inv_cap;  m = expm1(|u| * -2) (in [-1, 0]);  t = |m| / (2 + m) (>= +0);
+ *   t takes u's sign;  result = cap * t.  Every tier does these operations in this order. */
 static inline float i8a_softcap(float logit, float cap, float inv_cap)
 {
     const float u = logit * inv_cap;
-    const float e = i8a_exp_scalar(fabsf(u) * -2.0f);
-    const float t = (1.0f - e) / (1.0f + e);
+    const float m = i8a_expm1_scalar(fabsf(u) * -2.0f);
+    const float t = fabsf(m) / (2.0f + m);
     return cap * copysignf(t, u);
 }
 

@@ -80,8 +80,9 @@ static void i8a_dots_neon(const int8_t *q, const int8_t *k, size_t n, size_t d, 
         i8a_dot2_neon_with(i8a_dot16_neon, q, q, k + s * d, d, 0, out + s, &unused);
 }
 
-/* exp of 4 lanes, the operations of i8a_exp_scalar (vfmaq_f32(c, a, b) = fma(a, b, c)). */
-I8A_INLINE float32x4_t i8a_exp4_neon(float32x4_t x)
+/* The exp's polynomial on 4 lanes, the operations of i8a_exp_poly_scalar
+ * (vfmaq_f32(c, a, b) = fma(a, b, c)). */
+I8A_INLINE float32x4_t i8a_exp_poly4_neon(float32x4_t x, float32x4_t *n_out)
 {
     const float32x4_t magic = vdupq_n_f32(I8A_EXP_MAGIC);
     x = vmaxq_f32(x, vdupq_n_f32(I8A_EXP_LO));
@@ -95,19 +96,40 @@ I8A_INLINE float32x4_t i8a_exp4_neon(float32x4_t x)
     y = vfmaq_f32(vdupq_n_f32(I8A_EXP_P3), y, r);
     y = vfmaq_f32(vdupq_n_f32(I8A_EXP_P4), y, r);
     y = vfmaq_f32(vdupq_n_f32(I8A_EXP_P5), y, r);
-    y = vfmaq_f32(r, y, z);
-    y = vaddq_f32(y, vdupq_n_f32(1.0f));
+    *n_out = n;
+    return vfmaq_f32(r, y, z);
+}
+
+/* y * 2^n on 4 lanes (i8a_scale2n_scalar). */
+I8A_INLINE float32x4_t i8a_scale2n4_neon(float32x4_t y, float32x4_t n)
+{
     int32x4_t e = vshlq_n_s32(vcvtq_s32_f32(n), 23);
     return vreinterpretq_f32_s32(vaddq_s32(vreinterpretq_s32_f32(y), e));
+}
+
+/* exp of 4 lanes, the operations of i8a_exp_scalar. */
+I8A_INLINE float32x4_t i8a_exp4_neon(float32x4_t x)
+{
+    float32x4_t n;
+    const float32x4_t y = i8a_exp_poly4_neon(x, &n);
+    return i8a_scale2n4_neon(vaddq_f32(y, vdupq_n_f32(1.0f)), n);
+}
+
+/* expm1 of 4 lanes, the operations of i8a_expm1_scalar. */
+I8A_INLINE float32x4_t i8a_expm1_4_neon(float32x4_t x)
+{
+    float32x4_t n;
+    const float32x4_t y = i8a_exp_poly4_neon(x, &n), one = vdupq_n_f32(1.0f);
+    const float32x4_t big = vsubq_f32(i8a_scale2n4_neon(vaddq_f32(y, one), n), one);
+    return vbslq_f32(vceqq_f32(n, vdupq_n_f32(0.0f)), y, big);
 }
 
 /* i8a_softcap on 4 lanes (t >= +0, so the sign of u is or-ed in). */
 I8A_INLINE float32x4_t i8a_softcap4_neon(float32x4_t l, float cap, float inv_cap)
 {
-    const float32x4_t one = vdupq_n_f32(1.0f);
     const float32x4_t u = vmulq_n_f32(l, inv_cap);
-    const float32x4_t e = i8a_exp4_neon(vmulq_n_f32(vabsq_f32(u), -2.0f));
-    const float32x4_t t = vdivq_f32(vsubq_f32(one, e), vaddq_f32(one, e));
+    const float32x4_t m = i8a_expm1_4_neon(vmulq_n_f32(vabsq_f32(u), -2.0f));
+    const float32x4_t t = vdivq_f32(vabsq_f32(m), vaddq_f32(vdupq_n_f32(2.0f), m));
     const uint32x4_t sign = vandq_u32(vreinterpretq_u32_f32(u), vdupq_n_u32(0x80000000u));
     return vmulq_n_f32(vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(t), sign)), cap);
 }

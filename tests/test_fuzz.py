@@ -1,0 +1,283 @@
+"""A property-based state machine over the whole public surface: random shapes, dtypes, strides,
+options and values (float32's edges included: up to the format's 2**64, denormals, NaN, Inf,
+outliers) through append / decode / truncate / reset / save / load.
+
+It asserts, after every step:
+- an invalid call raises ValueError or TypeError and leaves the cache exactly as it was;
+- a valid append stores what a twin cache fed the same rows as contiguous float32 stores;
+- a valid decode is finite, within the kernel's documented error of float64 attention over the
+  cache's own ``dequantize()`` (1e-3 at ordinary logits, see ``decode_tolerance``), and the same
+  bits on every tier this CPU has and for every thread count;
+- a saved and loaded cache holds and decodes exactly like the one saved.
+
+The regular run has a fixed budget (INT8ATTN_FUZZ_EXAMPLES machines, derandomized, so a CI
+failure replays); before a release run many more with fresh seeds:
+
+    INT8ATTN_FUZZ_EXAMPLES=2000 INT8ATTN_FUZZ_RANDOM=1 python -m pytest tests/test_fuzz.py
+"""
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, event, settings                             # noqa: E402
+from hypothesis import strategies as st                                         # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule  # noqa: E402
+
+import int8attn as ia                                                           # noqa: E402
+from int8attn import _cache                                                     # noqa: E402
+from int8attn import reference as R                                             # noqa: E402
+from conftest import TIERS, assert_same_state, snapshot                         # noqa: E402
+
+EMULATED = bool(os.environ.get("INT8ATTN_TEST_LAUNCHER")) or os.environ.get("QEMU_CPU")
+EXAMPLES = int(os.environ.get("INT8ATTN_FUZZ_EXAMPLES", "15" if EMULATED else "100"))
+TOP = 2.0 ** 64                                  # the format's range: _cache.VALUE_MAX
+# magnitudes of the rows: denormal to the format's limit
+MAGNITUDES = [1e-41, 1e-30, 1e-3, 1.0, 30.0, 1e6, 1e12, 2.0 ** 60, TOP]
+DTYPES = [np.float32, np.float64, np.float16, np.int32]
+LAYOUTS = ["contiguous", "fortran", "reversed", "misaligned"]
+
+
+def canonical(x):
+    """What the cache reads from x: its values as contiguous float32 (out-of-range -> inf)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.ascontiguousarray(np.asarray(x).astype(np.float32))
+
+
+def in_range(x32):
+    return bool(np.all(np.abs(x32) <= TOP))
+
+
+def laid_out(x, layout):
+    """x (any dtype) with the given memory layout, the same values."""
+    if layout == "fortran":
+        return np.asfortranarray(x)
+    if layout == "reversed":                     # negative strides
+        return np.ascontiguousarray(x[::-1])[::-1]
+    if layout == "misaligned" and x.dtype.itemsize > 1:
+        raw = np.zeros(x.nbytes + 1, np.uint8)
+        m = np.frombuffer(raw.data, dtype=x.dtype, count=x.size, offset=1).reshape(x.shape)
+        m[...] = x
+        return m
+    return x
+
+
+def draw_values(data, shape, label, *, bad=False):
+    """Random values of a shape as a caller hands them over (some dtype, some layout), and their
+    float32 values as the cache reads them. bad=True puts one NaN, Inf or out-of-range value in."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1), label=f"{label} seed"))
+    mag = data.draw(st.sampled_from(MAGNITUDES), label=f"{label} magnitude")
+    x = rng.standard_normal(shape) * mag
+    if x.size and data.draw(st.booleans(), label=f"{label} common offset"):
+        x = x + rng.standard_normal(shape[-1]) * mag * 3
+    if x.size and data.draw(st.booleans(), label=f"{label} outlier"):
+        x.flat[rng.integers(x.size)] = rng.choice([-1.0, 1.0]) * mag * 1e6
+    if x.size and data.draw(st.booleans(), label=f"{label} denormals"):
+        x[rng.random(shape) < 0.2] = 3e-42
+    x = np.clip(x, -TOP, TOP)
+    dtype = data.draw(st.sampled_from(DTYPES), label=f"{label} dtype")
+    if dtype is np.float16:
+        x = np.clip(x, -60000.0, 60000.0)
+    if dtype is np.int32:
+        x = np.clip(x, -2 ** 31, 2 ** 31 - 1)
+    if bad and x.size:
+        dtype = np.float64 if dtype is np.int32 else dtype
+        x.flat[rng.integers(x.size)] = data.draw(
+            st.sampled_from([np.nan, np.inf, -np.inf, 1e38, -3e19, 1e300]), label=f"{label} bad value")
+    with np.errstate(over="ignore", invalid="ignore"):
+        given = x.astype(dtype)
+    given = laid_out(given, data.draw(st.sampled_from(LAYOUTS), label=f"{label} layout"))
+    return given, canonical(given)
+
+
+def decode_tolerance(cache, q32, scale, q_bits):
+    """The kernel's error bound against float64 attention over dequantize(), per output value.
+
+    q is quantized to int8 planes in the rotated space: the residual of two planes is at most
+    max|q_rot| / (127 * 508) (one plane: / 254), with max|q_rot| <= |q|_2, so each logit is off
+    by at most delta = scale * |q|_2 * max_t |y_t|_1 / 64516 (y_t: the stored row, codes times
+    scale), plus float32 rounding of the logit's pieces. Weights that are exact softmax weights
+    of logits each within delta differ by a factor within exp(+-2 delta), so the output (a mean
+    of V rows) moves by at most expm1(2 delta) times twice max|v| (and never more than twice
+    max|v|: it stays a mean of the rows); the float32 sums add 1e-4 of max|v|. At ordinary
+    logits (|q.k| * scale up to a few tens) this is the 1e-3 contract."""
+    y = np.abs(cache.k_i8.astype(np.float64)) * cache.k_scale[..., None].astype(np.float64)
+    y1 = float(y.sum(axis=-1).max()) if y.size else 0.0
+    off = cache.k_offset
+    bias = float(np.linalg.norm(off.astype(np.float64), axis=-1).max()) if off is not None else 0.0
+    qn = np.linalg.norm(q32.astype(np.float64).reshape(-1, q32.shape[-1]), axis=-1).max()
+    per = 64516.0 if q_bits == 16 else 254.0
+    delta = scale * qn * (y1 / per + (y1 + bias) * 2.0 ** -20)
+    _, vd = cache.dequantize()
+    vmax = float(np.abs(vd).max()) if vd.size else 0.0
+    return (min(math.expm1(min(2.2 * delta, 1.0)), 1.0) + 1e-4) * 2 * vmax + 1e-37
+
+
+class CacheMachine(RuleBasedStateMachine):
+    """One cache (and its twin fed canonical float32 rows) through random calls."""
+
+    @initialize(data=st.data())
+    def make(self, data):
+        self.hkv = data.draw(st.integers(1, 3), label="n_kv_heads")
+        self.d = data.draw(st.sampled_from([16, 32, 48, 80, 128]), label="head_dim")
+        self.cap = data.draw(st.integers(1, 600), label="max_seq")
+        fmt = data.draw(st.sampled_from([
+            {"rotate": False, "keep_first": False}, {"keep_first": False}, {"center": False}, {},
+            {"rotation_seed": 2 ** 64 - 1}]), label="format")
+        self.cache = ia.Int8KVCache(self.hkv, self.cap, self.d, **fmt)
+        self.twin = ia.Int8KVCache(self.hkv, self.cap, self.d, **fmt)
+        self.length = 0
+        t = data.draw(st.integers(0, min(self.cap, 300)), label="prefill")
+        k, k32 = draw_values(data, (t, self.hkv, self.d), "prefill k")
+        v, v32 = draw_values(data, (t, self.hkv, self.d), "prefill v")
+        self.cache.append(k, v)
+        self.twin.append(k32, v32)
+        self.length = t
+
+    @invariant()
+    def length_is_tracked(self):
+        if hasattr(self, "cache"):
+            assert len(self.cache) == self.length <= self.cap
+
+    def expect_refused(self, call, what):
+        event(f"{what} refused")
+        before = snapshot(self.cache)
+        with pytest.raises((ValueError, TypeError)):
+            call()
+        assert_same_state(self.cache, before)
+
+    def bad(self, data, choices):
+        """None for a valid call (7 in 8), else which part of it to make invalid."""
+        return data.draw(st.sampled_from(choices), label="invalid") if data.draw(
+            st.integers(0, 7), label="invalid?") == 0 else None
+
+    @rule(data=st.data())
+    def append(self, data):
+        room = self.cap - self.length
+        bad = self.bad(data, ["k", "v", "shape", "capacity"])
+        if bad == "capacity":
+            t = room + data.draw(st.integers(1, 3), label="T past max_seq")
+        else:
+            t = data.draw(st.integers(0, min(room, 300)), label="T")
+        one = t == 1 and data.draw(st.booleans(), label="as [Hkv, D]")
+        shape = (self.hkv, self.d) if one else (t, self.hkv, self.d)
+        k, k32 = draw_values(data, shape, "k", bad=bad == "k")
+        v, v32 = draw_values(data, shape, "v", bad=bad == "v")
+        if bad == "shape":
+            v = v[..., :-1]
+        if bad is not None and (bad not in ("k", "v") or t):
+            self.expect_refused(lambda: self.cache.append(k, v), "append")
+            return
+        event("append stored")
+        self.cache.append(k, v)
+        self.twin.append(k32, v32)
+        self.length += t
+        assert_same_state(self.cache, snapshot(self.twin))
+
+    @rule(data=st.data())
+    def decode(self, data):
+        if self.length == 0:
+            self.expect_refused(lambda: self.cache.decode(np.ones((self.hkv, self.d), np.float32)),
+                                "decode")
+            return
+        bad = self.bad(data, ["q", "scale", "q*scale", "softcap", "q_bits", "window", "T"])
+        t = data.draw(st.integers(1, min(self.length, 4)), label="T")
+        if bad == "T":
+            t = self.length + 1
+        h = self.hkv * data.draw(st.integers(1, 3), label="group")
+        shape = (h, self.d) if t == 1 and data.draw(st.booleans(), label="as [H, D]") else (t, h, self.d)
+        q, q32 = draw_values(data, shape, "q", bad=bad == "q")
+        qmax = float(np.abs(q32).max()) if bad != "q" else 1.0
+        kw = {"q_bits": data.draw(st.sampled_from([16, 16, 8]), label="q_bits")}
+        scale = data.draw(st.sampled_from([None, 1e-30, 0.05, 1.0, 2.0 ** 40]), label="scale")
+        s = 1.0 / math.sqrt(self.d) if scale is None else scale
+        if qmax and s * qmax > 2.0 ** 40:                   # keep the call valid ...
+            s = 2.0 ** 40 / qmax * (1 - 1e-6)           # (the scale is rounded to float32)
+            scale = s
+        if bad == "scale":                                  # ... unless it is to be refused
+            scale = data.draw(st.sampled_from([0.0, -1.0, float("nan"), 1e39, "x"]), label="bad scale")
+        if bad == "q*scale" and qmax:
+            scale = 2.0 ** 41 / qmax
+        if scale is not None:
+            kw["scale"] = scale
+        if data.draw(st.booleans(), label="window?"):
+            kw["window"] = data.draw(st.integers(1, self.length + 300), label="window")
+            kw["sinks"] = data.draw(st.integers(0, min(kw["window"], 8)), label="sinks")
+        if bad == "window":
+            kw.update(window=data.draw(st.sampled_from([0, -3, 2 ** 64]), label="bad window"))
+        if data.draw(st.booleans(), label="softcap?"):
+            kw["softcap"] = data.draw(st.sampled_from([0.5, 30.0, 1e5, 1e30]), label="softcap")
+        if bad == "softcap":
+            kw["softcap"] = data.draw(st.sampled_from([0.0, -1.0, 1e-39, float("inf")]), label="bad softcap")
+        if bad == "q_bits":
+            kw["q_bits"] = data.draw(st.sampled_from([4, 8.0, True, 32]), label="bad q_bits")
+        if bad is not None and (bad != "q*scale" or qmax):
+            self.expect_refused(lambda: self.cache.decode(q, **kw), "decode")
+            return
+        before = ia.isa(), ia.get_num_threads()
+        outs = []
+        try:
+            for tier in TIERS:
+                _cache._set_isa(tier)
+                ia.set_num_threads(data.draw(st.integers(1, 3), label="threads"))
+                outs.append(np.asarray(self.cache.decode(q, **kw)))
+        finally:
+            _cache._set_isa(before[0])
+            ia.set_num_threads(before[1])
+        for tier, out in zip(TIERS[1:], outs[1:]):
+            np.testing.assert_array_equal(out.view(np.int32), outs[0].view(np.int32), err_msg=tier)
+        out = outs[0]
+        assert out.shape == q32.shape and np.all(np.isfinite(out))
+        kd, vd = self.cache.dequantize()
+        assert np.all(np.isfinite(kd)) and np.all(np.isfinite(vd))
+        opts = {k: kw[k] for k in ("window", "sinks", "softcap") if k in kw}
+        ref = R.attention(q32.astype(np.float64), kd, vd, scale=s, **opts)
+        tol = decode_tolerance(self.cache, q32, s, kw["q_bits"])
+        err = float(np.abs(out.astype(np.float64) - ref).max())
+        assert err <= tol, f"error {err:.3g} above the bound {tol:.3g}"
+        ordinary = tol <= 2.1e-3 * float(np.abs(vd).max()) + 1e-37
+        event("decode checked" + (" at ordinary logits (the 1e-3 regime)" if ordinary else ""))
+
+    @rule(data=st.data())
+    def truncate(self, data):
+        n = data.draw(st.integers(0, self.length), label="n")
+        if self.bad(data, ["n"]):
+            n = data.draw(st.sampled_from([-1, self.length + 1, 2 ** 64]), label="bad n")
+        if not 0 <= n <= self.length:
+            self.expect_refused(lambda: self.cache.truncate(n), "truncate")
+            return
+        self.cache.truncate(n)
+        self.twin.truncate(n)
+        self.length = n
+
+    @rule()
+    def reset(self):
+        self.cache.reset()
+        self.twin.reset()
+        self.length = 0
+
+    @rule(data=st.data())
+    def save_and_load(self, data):
+        import io
+        f = io.BytesIO()
+        self.cache.save(f)
+        f.seek(0)
+        grow = data.draw(st.integers(0, 20), label="extra capacity")
+        loaded = ia.Int8KVCache.load(f, max_seq=self.cap + grow if grow else None)
+        assert_same_state(loaded, snapshot(self.cache))
+        if self.length:
+            q = np.random.default_rng(self.length).standard_normal((self.hkv, self.d)).astype(np.float32)
+            np.testing.assert_array_equal(loaded.decode(q), self.cache.decode(q))
+        self.cache, self.cap = loaded, loaded.max_seq
+        twin = ia.Int8KVCache.from_state_dict(self.twin.state_dict(), max_seq=self.cap)
+        self.twin = twin
+
+
+CacheMachine.TestCase.settings = settings(
+    max_examples=EXAMPLES, stateful_step_count=12, deadline=None,
+    derandomize=not os.environ.get("INT8ATTN_FUZZ_RANDOM"), database=None,
+    suppress_health_check=list(HealthCheck))
+test_cache_machine = CacheMachine.TestCase
