@@ -242,6 +242,24 @@ def test_the_largest_inputs_give_finite_one_hot_attention_on_every_tier(fmt):
         np.testing.assert_allclose(out, R.attention(q, kd, vd, scale=scale), atol=1e-5)
 
 
+def test_the_bounds_are_exact_at_their_edge():
+    cache = ia.Int8KVCache(1, 2, 16, **PLAIN)
+    cache.append(np.ones((1, 16)), np.ones((1, 16)))
+    q = np.full((1, 16), 3.0, np.float32)
+    edge = np.float32(2.0 ** 40 / 3.0)
+    while float(edge) * 3.0 > 2.0 ** 40:            # the largest float32 scale at the bound
+        edge = np.nextafter(edge, np.float32(0))
+    cache.decode(q, scale=float(edge))
+    with pytest.raises(ValueError, match=r"above 2\*\*40"):
+        cache.decode(q, scale=float(np.nextafter(edge, np.float32(np.inf))))
+    top = np.float32(2.0 ** 64)
+    cache.decode(np.full((1, 16), top), scale=2.0 ** -30)
+    with pytest.raises(ValueError, match=r"beyond \+-2\*\*64"):
+        cache.decode(np.full((1, 16), np.nextafter(top, np.float32(np.inf))), scale=2.0 ** -30)
+    with pytest.raises(ValueError, match=r"beyond \+-2\*\*64"):
+        cache.append(np.full((1, 16), -np.nextafter(top, np.float32(np.inf))), np.ones((1, 16)))
+
+
 # -- finding 3: the V sums cannot overflow ------------------------------------------------
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)

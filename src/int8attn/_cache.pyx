@@ -198,11 +198,11 @@ def supported_isas():
 # ---------------------------------------------------------------------------------------------
 # Input conversion
 
-def _is_torch(x):
+cdef _is_torch(x):
     return type(x).__module__.partition(".")[0] == "torch"
 
 
-def _as_float32(x, str name):
+cpdef _as_float32(x, str name):
     """x as a float32 numpy array (no copy when it already is one), or TypeError naming `name`."""
     if _is_torch(x):
         x = _torch_to_numpy(x, name)
@@ -233,10 +233,13 @@ def _torch_to_numpy(t, str name):
     return t.numpy()
 
 
-def _c_aligned(a):
+cdef _c_aligned(a):
     """a as a C-contiguous array whose items sit on their natural alignment (a itself when it is
     one: a buffer at an odd address, from a bytes object or a packed record, is copied)."""
-    return np.require(a, requirements=("C", "A"))
+    flags = a.flags
+    if flags.c_contiguous and flags.aligned:
+        return a
+    return np.array(a, order="C")                   # a fresh allocation is aligned
 
 
 def _aligned_empty(size_t n, dtype):
@@ -264,7 +267,7 @@ cdef i8a_options _default_options():
     return opt
 
 
-def _finite_float(value, str name):
+cdef _finite_float(value, str name):
     try:
         x = float(value)
     except (TypeError, ValueError, OverflowError):
@@ -274,14 +277,14 @@ def _finite_float(value, str name):
     return x
 
 
-def _positive_float(value, str name):
+cdef _positive_float(value, str name):
     x = _finite_float(value, name)
     if not x > 0:
         raise ValueError(f"{name} must be positive, got {value!r}")
     return x
 
 
-def _as_int(value, str name):
+cpdef _as_int(value, str name):
     """value as a Python int (anything with __index__ but bool), or TypeError naming it."""
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -291,7 +294,7 @@ def _as_int(value, str name):
 _INT_MAX = (1 << 63) - 1                  # what any count of the cache fits in
 
 
-def _nonnegative_int(value, str name):
+cdef _nonnegative_int(value, str name):
     value = _as_int(value, name)
     if value < 0:
         raise ValueError(f"{name} must be at least 0, got {value}")
@@ -300,7 +303,7 @@ def _nonnegative_int(value, str name):
     return value
 
 
-def _positive_int(value, str name):
+cdef _positive_int(value, str name):
     value = _as_int(value, name)
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value}")
@@ -991,7 +994,7 @@ def _check_state(state, max_seq):
     return hkv, cap, d, n, arrays, rotate, seed, keep_first, center
 
 
-def _check_out(out, shape):
+cdef _check_out(out, shape):
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out must be a numpy.ndarray or a torch tensor, got {type(out).__name__}")
     if out.dtype != np.float32:

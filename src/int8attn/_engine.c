@@ -23,19 +23,25 @@ static int has_offsets(const i8a_cache *c, size_t len)
     return c->k_off != NULL && len >= 2;
 }
 
-/* Whether the d values at x are all within +-I8A_VALUE_MAX (false for NaN and Inf); *absmax
- * gets their largest magnitude. No early exit: the loop vectorizes. */
-static int in_range(const float *x, size_t d, float *absmax)
+/* Whether every one of the d values at x has |x| <= limit (a non-negative float): false for
+ * NaN and Inf. On the bits: without their sign, floats order as integers do, with NaN and Inf
+ * above every finite value, so one integer compare per value answers (and vectorizes, where a
+ * float compare that must fail on NaN is left scalar). */
+static int within(const float *x, size_t d, float limit)
 {
-    int ok = 1;
-    float m = 0.0f;
+    int32_t top, over = 0;               /* signed: both sides are below 2^31 */
+    memcpy(&top, &limit, sizeof top);
     for (size_t i = 0; i < d; i++) {
-        const float a = fabsf(x[i]);
-        ok &= a <= I8A_VALUE_MAX;
-        m = a > m ? a : m;
+        int32_t b;
+        memcpy(&b, x + i, sizeof b);
+        over |= (b & 0x7fffffff) > top;
     }
-    *absmax = m;
-    return ok;
+    return !over;
+}
+
+static int in_range(const float *x, size_t d)
+{
+    return within(x, d, I8A_VALUE_MAX);
 }
 
 /* Doubles of set_offset's sums on the stack: the heads are summed this many elements at a time
@@ -93,11 +99,9 @@ static size_t set_offset(const i8a_kernels *kt, const i8a_cache *c, const float 
             sum[i] = 0.0;
         for (size_t tok = 0; tok < t; tok++) {
             const float *rows = x + (tok * hkv + h0) * d;    /* heads h0 .. h0+nh-1, adjacent */
-            for (size_t h = 0; h < nh; h++) {
-                float unused;
-                if (!in_range(rows + h * d, d, &unused) && tok * hkv + h0 + h < bad)
+            for (size_t h = 0; h < nh; h++)
+                if (!in_range(rows + h * d, d) && tok * hkv + h0 + h < bad)
                     bad = tok * hkv + h0 + h;
-            }
             if (tok >= from)
                 for (size_t i = 0; i < n; i++)
                     sum[i] += rows[i];
@@ -155,14 +159,13 @@ int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const 
         }
         /* rows in range stay finite through the rotation and the offset (I8A_VALUE_MAX), so
          * the quantizer's own check of the stored row never fails after this one */
-        float unused;
-        if (!in_range(k + r * d, d, &unused)
+        if (!in_range(k + r * d, d)
             || store_row(kt, c, k + r * d, centered ? c->k_off + head * d : NULL,
                          c->k + row * d, c->ks + row) != 0) {
             *bad = r;
             return 1;
         }
-        if (!in_range(v + r * d, d, &unused)
+        if (!in_range(v + r * d, d)
             || store_row(kt, c, v + r * d, centered ? c->v_off + head * d : NULL,
                          c->v + row * d, c->vs + row) != 0) {
             *bad = r;
@@ -519,16 +522,22 @@ int i8a_decode(const i8a_kernels *kt, const i8a_cache *c, const float *q, size_t
     float *c_hi = (float *)(job.base + job.L.c_hi), *c_lo = (float *)(job.base + job.L.c_lo);
     float *residual = (float *)(job.base + job.L.residual);
     float *bias = (float *)(job.base + job.L.bias), *first = (float *)(job.base + job.L.first);
+    /* |q| may reach I8A_VALUE_MAX and I8A_QSCALE_MAX / scale, whichever is lower: the largest
+     * float not above it (a float q is at most x exactly when it is at most that float) */
+    double most = (double)I8A_QSCALE_MAX / (double)opt->scale;
+    most = most < (double)I8A_VALUE_MAX ? most : (double)I8A_VALUE_MAX;
+    float q_limit = (float)most;
+    if ((double)q_limit > most)
+        q_limit = nextafterf(q_limit, 0.0f);
     /* q rows in the order of the kernels: kv head, then query position, then head of the group */
     for (size_t tt = 0; tt < t; tt++) {
         for (size_t head = 0; head < h; head++) {
             const size_t g = head / nq, r = g * job.L.rows + tt * nq + head % nq;
             float tmp[I8A_MAX_HEAD_DIM];
             const float *q0 = q + (tt * h + head) * d;
-            float qmax;
-            if (!in_range(q0, d, &qmax) || (double)qmax * opt->scale > I8A_QSCALE_MAX) {
+            if (!within(q0, d, q_limit)) {
                 *bad = tt * h + head;
-                return in_range(q0, d, &qmax) ? 2 : 1;
+                return in_range(q0, d) ? 2 : 1;
             }
             const float *qrow = maybe_rotated(kt, c, q0, tmp);
             if (prepare_q(kt, qrow, d, opt->q_bits == 16, opt->scale, q_hi + r * d, q_lo + r * d,
