@@ -109,6 +109,7 @@ def test_empty_batch_is_a_no_op(cache):
     (good(4, 32), {"q_bits": 8.0}, TypeError, r"q_bits must be an int, got float"),
     (good(4, 32), {"scale": 0.0}, ValueError, r"scale must be positive, got 0.0"),
     (good(4, 32), {"scale": -0.3}, ValueError, r"scale must be positive, got -0.3"),
+    (good(4, 32), {"scale": 1e-50}, ValueError, r"scale must be positive in float32, got 1e-50 \(rounds to 0\)"),
     (good(4, 32), {"window": 2 ** 64}, ValueError, r"window must be at most 2\*\*63 - 1, got 18446744073709551616"),
     (good(4, 32), {"window": 4, "sinks": 2 ** 64}, ValueError, r"sinks must be at most 2\*\*63 - 1"),
     (good(4, 32), {"softcap": 1e-39}, ValueError, r"softcap must be from 2\*\*-126 to 2\*\*126, got 1e-39"),

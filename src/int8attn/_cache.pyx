@@ -278,9 +278,13 @@ cdef _finite_float(value, str name):
 
 
 cdef _positive_float(value, str name):
+    """value as a float above 0 also as float32 (the kernels' type), or ValueError naming it."""
     x = _finite_float(value, name)
+    cdef float f = x
     if not x > 0:
         raise ValueError(f"{name} must be positive, got {value!r}")
+    if f == 0:
+        raise ValueError(f"{name} must be positive in float32, got {value!r} (rounds to 0)")
     return x
 
 
