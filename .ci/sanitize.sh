@@ -6,7 +6,8 @@
 #   2. the pytest suite against that build, from outside the source tree, with the ASan runtime
 #      preloaded into the (uninstrumented) interpreter; the `tier` fixture runs the kernel tests
 #      on every tier this CPU has;
-#   3. the C cross-check of tiers (tests/c/tiers_agree.c) built and run with the same sanitizers.
+#   3. the C cross-check of tiers (tests/c/tiers_agree.c) built and run with the same sanitizers,
+#      and once more with ThreadSanitizer (the pool's lock-free claims and wake-ups).
 # Any sanitizer report or test failure fails the lane; the wall time of each phase is printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -88,6 +89,10 @@ csrc=(tests/c/tiers_agree.c src/int8attn/_engine.c src/int8attn/_cpu.c src/int8a
 cflags=(-O2 -std=c11 -ffp-contract=off -Wall -Wextra -Werror -Isrc/int8attn)
 gcc "${cflags[@]}" "${SAN[@]}" "${csrc[@]}" -lm -pthread -o "$tmp/agree"
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "$tmp/agree" || fail "tiers_agree under the sanitizers"
+
+phase "C cross-check under ThreadSanitizer: the pool's claims, steals and wake-ups"
+gcc "${cflags[@]}" -fsanitize=thread -g "${csrc[@]}" -lm -pthread -o "$tmp/agree-tsan"
+TSAN_OPTIONS=halt_on_error=1 "$tmp/agree-tsan" || fail "tiers_agree under ThreadSanitizer"
 
 phase
 echo "=== sanitizer lane passed (t=$((SECONDS - START))s)"
