@@ -1,10 +1,12 @@
 """Run the test suite against the installed int8attn once per tier this CPU has.
 
-    python .ci/test_wheel.py TESTS_DIR [pytest args...]
+    python .ci/test_wheel.py [--tiers=a,b] TESTS_DIR [pytest args...]
 
-Each run sets INT8ATTN_ISA to one supported tier (so that tier is the default one at import) and
-runs pytest from a directory outside the source tree, so `import int8attn` finds the installed
-wheel, never the sources. Used by cibuildwheel's test-command and by .ci/run.
+Each run sets INT8ATTN_ISA to one supported tier (so that tier is the default one at import, and
+the suite tests that tier only, against the scalar tier) and runs pytest from a directory
+outside the source tree, so `import int8attn` finds the installed wheel, never the sources.
+--tiers limits the runs to those tiers (each must be supported). Used by cibuildwheel's
+test-command and by .ci/run.
 """
 
 import os
@@ -13,10 +15,20 @@ import sys
 import tempfile
 
 
-def main(tests, *args):
+def main(*argv):
+    only = None
+    if argv and argv[0].startswith("--tiers="):
+        only, argv = argv[0].partition("=")[2].split(","), argv[1:]
+    tests, *args = argv
     tiers = subprocess.run([sys.executable, "-c", "import int8attn; print(*int8attn.supported_isas())"],
                            check=True, capture_output=True, text=True,
                            cwd=tempfile.gettempdir()).stdout.split()
+    if only:
+        lacking = [t for t in only if t not in tiers]
+        if lacking:
+            print(f"--tiers: {', '.join(lacking)} not supported here (supported: {', '.join(tiers)})")
+            return 1
+        tiers = only
     failed = []
     for tier in tiers:
         print(f"== INT8ATTN_ISA={tier}", flush=True)

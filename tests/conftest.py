@@ -1,23 +1,74 @@
+import contextlib
+import os
+
 import numpy as np
 import pytest
 
 import int8attn as ia
 from int8attn import _cache
 
-TIERS = ia.supported_isas()
+# The tiers a run tests. A run that pins one with INT8ATTN_ISA (.ci/test_wheel.py runs the suite
+# once per tier) tests that tier only: the other runs test the others. A run without it tests
+# every tier this CPU has.
+PINNED = _cache._requested_isa(os.environ)
+TIERS = (PINNED,) if PINNED else ia.supported_isas()
+# The tiers a cross-tier test compares: those under test, and the scalar tier they must equal.
+AGREEING = tuple(dict.fromkeys(("scalar",) + TIERS))
 
 
-@pytest.fixture(params=TIERS)
-def tier(request):
-    """Run the test once per tier this CPU supports, with that tier active."""
+@contextlib.contextmanager
+def active_tier(name):
+    """Make `name` the active tier inside the block, and the previous one active again after it
+    (also when the block raises)."""
     before = ia.isa()
-    _cache._set_isa(request.param)
-    yield request.param
-    _cache._set_isa(before)
-
-
-def use_tier(name):
     _cache._set_isa(name)
+    try:
+        yield name
+    finally:
+        _cache._set_isa(before)
+
+
+def skip_reason(name):
+    """Why this run does not test tier `name` (one this build has), or None when it does."""
+    if name not in ia.supported_isas():
+        return f"{name}: not on this CPU"
+    if name not in TIERS:
+        return f"{name}: this run tests INT8ATTN_ISA={PINNED} only"
+    return None
+
+
+def pytest_report_header(config):
+    return (f"int8attn tiers: compiled {', '.join(_cache._COMPILED)}; this CPU has "
+            f"{', '.join(ia.supported_isas())}; under test {', '.join(TIERS)}"
+            + (f" (INT8ATTN_ISA={PINNED})" if PINNED else ""))
+
+
+@pytest.fixture(params=_cache._COMPILED)
+def tier(request):
+    """Run the test once per tier this build has, with that tier active; the tiers this run does
+    not test (the CPU lacks them, or the run pins another) are skipped with the reason."""
+    reason = skip_reason(request.param)
+    if reason:
+        pytest.skip(reason)
+    with active_tier(request.param):
+        yield request.param
+
+
+def each_tier(fn):
+    """{tier: fn()} with each tier of AGREEING active in turn."""
+    outs = {}
+    for name in AGREEING:
+        with active_tier(name):
+            outs[name] = fn()
+    return outs
+
+
+def assert_tiers_agree(outs, what=""):
+    """Every float32 result of each_tier has the scalar tier's bits."""
+    for name, out in outs.items():
+        np.testing.assert_array_equal(np.asarray(out).view(np.int32),
+                                      np.asarray(outs["scalar"]).view(np.int32),
+                                      err_msg=f"{name} {what}".strip())
 
 
 def make_kv(rng, s, hkv, d, kind="gauss"):

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 import int8attn as ia
-from conftest import TIERS, assert_same_state, make_kv, rel_err, snapshot, use_tier
-from int8attn import _cache
+from conftest import assert_same_state, assert_tiers_agree, each_tier, make_kv, rel_err, snapshot
 from int8attn import reference as R
 
 
@@ -178,14 +177,7 @@ def test_every_tier_returns_the_same_bits_under_every_option():
     q = rng.standard_normal((4, 4, 96)).astype(np.float32)
     for opts in ({}, {"window": 300}, {"window": 300, "sinks": 1}, {"softcap": 5.0},
                  {"window": 10, "sinks": 4, "softcap": 1.5}, {"q_bits": 8}):
-        outs = {}
-        for name in TIERS:
-            use_tier(name)
-            outs[name] = cache.decode(q, **opts)
-        _cache._set_isa(TIERS[0])
-        for name, out in outs.items():
-            np.testing.assert_array_equal(out.view(np.int32), outs["scalar"].view(np.int32),
-                                          err_msg=f"{name} {opts}")
+        assert_tiers_agree(each_tier(lambda: cache.decode(q, **opts)), str(opts))
 
 
 def test_centering_tames_a_common_k_offset(tier):

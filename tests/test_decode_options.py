@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import int8attn as ia
-from conftest import filled_cache
+from conftest import assert_tiers_agree, each_tier, filled_cache
 from int8attn import reference as R
 
 
@@ -85,14 +85,7 @@ def test_options_give_every_tier_the_scalar_bits():
     rng = np.random.default_rng(3)
     cache, _, _ = filled_cache(rng, 4, 96, 1300, "outlier")
     q = rng.standard_normal((5, 8, 96)).astype(np.float32)
-    from int8attn import _cache
-    outs = {}
-    for name in ia.supported_isas():
-        _cache._set_isa(name)
-        outs[name] = cache.decode(q, window=300, sinks=3, softcap=20.0, q_bits=8)
-    _cache._set_isa(ia.supported_isas()[0])
-    for name, out in outs.items():
-        np.testing.assert_array_equal(out.view(np.int32), outs["scalar"].view(np.int32), err_msg=name)
+    assert_tiers_agree(each_tier(lambda: cache.decode(q, window=300, sinks=3, softcap=20.0, q_bits=8)))
 
 
 def test_options_are_bit_identical_for_every_thread_count():

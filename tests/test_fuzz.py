@@ -28,9 +28,8 @@ from hypothesis import strategies as st                                         
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule  # noqa: E402
 
 import int8attn as ia                                                           # noqa: E402
-from int8attn import _cache                                                     # noqa: E402
 from int8attn import reference as R                                             # noqa: E402
-from conftest import TIERS, assert_same_state, snapshot                         # noqa: E402
+from conftest import AGREEING, active_tier, assert_same_state, snapshot                         # noqa: E402
 
 EMULATED = bool(os.environ.get("INT8ATTN_TEST_LAUNCHER")) or os.environ.get("QEMU_CPU")
 EXAMPLES = int(os.environ.get("INT8ATTN_FUZZ_EXAMPLES", "15" if EMULATED else "100"))
@@ -217,17 +216,16 @@ class CacheMachine(RuleBasedStateMachine):
         if bad is not None and (bad != "q*scale" or qmax):
             self.expect_refused(lambda: self.cache.decode(q, **kw), "decode")
             return
-        before = ia.isa(), ia.get_num_threads()
+        before = ia.get_num_threads()
         outs = []
         try:
-            for tier in TIERS:
-                _cache._set_isa(tier)
-                ia.set_num_threads(data.draw(st.integers(1, 3), label="threads"))
-                outs.append(np.asarray(self.cache.decode(q, **kw)))
+            for tier in AGREEING:
+                with active_tier(tier):
+                    ia.set_num_threads(data.draw(st.integers(1, 3), label="threads"))
+                    outs.append(np.asarray(self.cache.decode(q, **kw)))
         finally:
-            _cache._set_isa(before[0])
-            ia.set_num_threads(before[1])
-        for tier, out in zip(TIERS[1:], outs[1:]):
+            ia.set_num_threads(before)
+        for tier, out in zip(AGREEING[1:], outs[1:]):
             np.testing.assert_array_equal(out.view(np.int32), outs[0].view(np.int32), err_msg=tier)
         out = outs[0]
         assert out.shape == q32.shape and np.all(np.isfinite(out))

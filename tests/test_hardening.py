@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 import int8attn as ia
-from int8attn import _cache
 from int8attn import reference as R
-from conftest import TIERS, assert_same_state, filled_cache, rel_err, snapshot
+from conftest import assert_same_state, assert_tiers_agree, each_tier, filled_cache, rel_err, snapshot
 
 PLAIN = {"rotate": False, "keep_first": False}
 FORMATS = [PLAIN, {"keep_first": False}, {"center": False}, {}]   # plain .. default
@@ -19,17 +18,9 @@ FORMAT_IDS = ["plain", "rotated", "keep_first", "default"]
 
 def every_tier(fn):
     """fn() once per supported tier, the results' bits equal on all; returns the first."""
-    before = ia.isa()
-    try:
-        outs = []
-        for name in TIERS:
-            _cache._set_isa(name)
-            outs.append(fn())
-    finally:
-        _cache._set_isa(before)
-    for name, out in zip(TIERS[1:], outs[1:]):
-        np.testing.assert_array_equal(out.view(np.int32), outs[0].view(np.int32), err_msg=name)
-    return outs[0]
+    outs = each_tier(fn)
+    assert_tiers_agree(outs)
+    return outs["scalar"]
 
 
 # -- finding 1: every argument is converted and checked under the cache's busy flag -----------

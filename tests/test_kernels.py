@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import int8attn as ia
-from conftest import TIERS, filled_cache, make_kv, use_tier
+from conftest import assert_tiers_agree, each_tier, filled_cache, make_kv
 from int8attn import _cache
 from int8attn import reference as R
 
@@ -58,17 +58,19 @@ def test_integer_dots_are_exact(tier, d):
 def test_stored_bytes_identical_whichever_tier_appended(rotate, center):
     rng = np.random.default_rng(1)
     k, v = make_kv(rng, 77, 3, 80, "outlier")
-    stores = []
-    for name in TIERS:
-        use_tier(name)
-        cache = ia.Int8KVCache(3, 100, 80, rotate=rotate, center=center)
-        cache.append(k[:40], v[:40])
+
+    def filled():
+        c = ia.Int8KVCache(3, 100, 80, rotate=rotate, center=center)
+        c.append(k[:40], v[:40])
         for t in range(40, 77):
-            cache.append(k[t], v[t])
-        stores.append((cache.k_i8.tobytes(), cache.v_i8.tobytes(), cache.k_scale.tobytes(),
-                       cache.v_scale.tobytes(), pickle.dumps(cache.k_offset)))
-    _cache._set_isa(TIERS[0])
+            c.append(k[t], v[t])
+        return c
+
+    caches = each_tier(filled)
+    stores = [(c.k_i8.tobytes(), c.v_i8.tobytes(), c.k_scale.tobytes(), c.v_scale.tobytes(),
+               pickle.dumps(c.k_offset)) for c in caches.values()]
     assert all(s == stores[0] for s in stores)
+    cache = caches["scalar"]
     stored = k.copy()
     if rotate:       # append = the tier's rotation (bit-identical across tiers), then quantize
         stored = _cache._rotate(k.reshape(-1, 80), R.rotation_signs(80, 0)).reshape(k.shape)
@@ -94,13 +96,7 @@ def test_every_tier_returns_the_scalar_tiers_bits(shape, q_bits):
     rng = np.random.default_rng(s + d)
     cache, _, _ = filled_cache(rng, hkv, d, s, "outlier")
     q = rng.standard_normal((h, d)).astype(np.float32)
-    outs = {}
-    for name in TIERS:
-        use_tier(name)
-        outs[name] = cache.decode(q, q_bits=q_bits)
-    _cache._set_isa(TIERS[0])
-    for name, out in outs.items():
-        np.testing.assert_array_equal(out.view(np.int32), outs["scalar"].view(np.int32), err_msg=name)
+    assert_tiers_agree(each_tier(lambda: cache.decode(q, q_bits=q_bits)))
 
 
 @pytest.mark.parametrize("rotate", [True, False], ids=["rotated", "plain"])
@@ -122,12 +118,8 @@ def test_uniform_logits_bit_exact_across_tiers(construction, s, rotate):
     cache = ia.Int8KVCache(hkv, s, d, rotate=rotate, keep_first=construction == "q_zero",
                            center=construction == "q_zero")
     cache.append(k, v)
-    outs = []
-    for name in TIERS:
-        use_tier(name)
-        outs.append(cache.decode(q))
-        outs.append(cache.decode(q, q_bits=8))
-    _cache._set_isa(TIERS[0])
+    outs = [out for pair in each_tier(lambda: (cache.decode(q), cache.decode(q, q_bits=8))).values()
+            for out in pair]
     for out in outs[1:]:
         np.testing.assert_array_equal(out.view(np.int32), outs[0].view(np.int32))
     mean = cache.dequantize()[1].astype(np.float64).mean(axis=0)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import int8attn as ia
-from conftest import TIERS, make_kv, rel_err, use_tier
+from conftest import each_tier, make_kv, rel_err
 from int8attn import _cache
 from int8attn import reference as R
 
@@ -29,11 +29,7 @@ def test_transform_is_orthonormal_and_undone_by_its_inverse(tier, d):
 def test_every_tier_rotates_to_the_same_bits(d):
     x = np.random.default_rng(d).standard_normal((9, d)).astype(np.float32)
     sign = R.rotation_signs(d, 3)
-    outs = []
-    for name in TIERS:
-        use_tier(name)
-        outs.append((_cache._rotate(x, sign), _cache._rotate(x, sign, inverse=True)))
-    use_tier(TIERS[0])
+    outs = list(each_tier(lambda: (_cache._rotate(x, sign), _cache._rotate(x, sign, inverse=True))).values())
     for a, b in outs[1:]:
         np.testing.assert_array_equal(a, outs[0][0])
         np.testing.assert_array_equal(b, outs[0][1])

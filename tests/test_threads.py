@@ -2,7 +2,6 @@
 the pool survives fork()."""
 
 import os
-import sys
 
 import numpy as np
 import pytest

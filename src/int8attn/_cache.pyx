@@ -84,6 +84,11 @@ cdef const i8a_kernels *_kt = NULL        # the active tier: i8a_load_tier / i8a
 cdef dict _tier_index = {}
 
 _ENV_VARS = ("INT8ATTN_ISA", "CA_CPU_ISA")
+# every tier of every architecture, best first within each; a build compiles its own
+# architecture's (and scalar)
+TIER_ARCH = {"avx512_vnni": "x86-64", "avx2": "x86-64", "neon_dotprod": "aarch64",
+             "neon": "aarch64", "scalar": "any CPU"}
+KNOWN_TIERS = tuple(TIER_ARCH)
 DEFAULT_ROTATE = True
 DEFAULT_KEEP_FIRST = True
 DEFAULT_CENTER = None                     # center when keep_first
@@ -132,8 +137,13 @@ def _requested_isa(environ):
         value = environ.get(var, "").strip().lower()
         if value and value != "auto":
             if value not in _SUPPORTED:
-                what = ("is not a tier this CPU can run" if value in _COMPILED
-                        else f"is not a known tier (known: {', '.join(_COMPILED)})")
+                if value in _COMPILED:
+                    what = "is not a tier this CPU can run"
+                elif value in TIER_ARCH:
+                    what = (f"is a tier of {TIER_ARCH[value]} CPUs, not compiled into this "
+                            f"build (it has {', '.join(_COMPILED)})")
+                else:
+                    what = f"is not a known tier (known: {', '.join(KNOWN_TIERS)})"
                 raise ValueError(f"{var}={value!r} {what}; supported on this CPU: "
                                  f"{', '.join(_SUPPORTED)}")
             return value
