@@ -15,7 +15,8 @@ if sys.platform == "win32":
     libraries = []
 else:
     # -ffp-contract=off: an FMA only where the kernels write one, so every tier rounds alike.
-    # -g0: no debug info in what wheels ship (CFLAGS=-g rebuilds with it for profiling).
+    # -g0: no debug info in what wheels ship. It follows CFLAGS on the command line, so a build
+    # with debug info needs -g after it: a compiler wrapper, as .ci/sanitize.sh does.
     cflags = ["-O3", "-g0", "-ffp-contract=off", "-fno-math-errno", "-std=c11"]
     libraries = ["m", "pthread"]
 

@@ -1,6 +1,11 @@
 """Check that ISA-specific instructions live only in their tier's functions.
 
     python .ci/check_isa.py OBJDUMP FILE.so ARCH        ARCH: x86_64 or aarch64
+    python .ci/check_isa.py names SIMD_DIR              the naming rule the first check needs
+
+The naming rule: every function defined in SIMD_DIR/<tier>.h ends in _<tier> (common.h and
+dispatch.h hold the shared, baseline code). The objdump check finds a tier's functions by that
+suffix, so a tier function named otherwise would escape it.
 
 Disassembles FILE.so and fails when a function outside a tier holds an instruction beyond the
 architecture's baseline: on x86-64 any VEX/EVEX instruction (v-prefixed, ymm/zmm/k registers)
@@ -52,5 +57,39 @@ def main(objdump, path, arch):
     return 1 if bad or missing else 0
 
 
+# a definition: a line starting with static/I8A_INLINE (qualifiers and return type may wrap to
+# the next line) whose name is followed by "(" and, after the arguments, by a body
+DEFINITION = re.compile(r"^(?:static|I8A_INLINE)\b[^;{(]*?\b(i8a_\w+|\w+)\s*\(", re.M)
+
+
+def check_names(simd_dir):
+    import glob
+    import os
+    bad, count = [], 0
+    for path in sorted(glob.glob(os.path.join(simd_dir, "*.h"))):
+        tier = os.path.basename(path)[:-2]
+        if tier in ("common", "dispatch"):
+            continue
+        text = open(path).read()
+        for m in DEFINITION.finditer(text):
+            rest = text[m.end():]
+            depth, i = 1, 0                  # skip the argument list, then see what follows
+            while depth and i < len(rest):
+                depth += {"(": 1, ")": -1}.get(rest[i], 0)
+                i += 1
+            if not rest[i:].lstrip().startswith("{"):
+                continue                     # a declaration or a typedef, not a definition
+            count += 1
+            if not m.group(1).endswith("_" + tier):
+                line = text.count("\n", 0, m.start()) + 1
+                bad.append(f"{path}:{line}: {m.group(1)} does not end in _{tier}")
+    print(f"{simd_dir}: {count} tier function definitions checked")
+    for b in bad:
+        print("  " + b)
+    return 1 if bad or not count else 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "names":
+        sys.exit(check_names(sys.argv[2]))
     sys.exit(main(*sys.argv[1:4]))

@@ -39,7 +39,7 @@ cp -r setup.py pyproject.toml README.md LICENSE MANIFEST.in src "$tmp/src"
 rm -f "$tmp/src/src/int8attn/_cache.c" "$tmp"/src/src/int8attn/*.so
 # setuptools puts CFLAGS before setup.py's extra_compile_args, whose -g0 would cancel -g (no
 # file:line in reports), so the compiler is wrapped to add -g last. CFLAGS also reach the link.
-printf '#!/bin/sh\nexec gcc "$@" -g\n' >"$tmp/cc" && chmod +x "$tmp/cc"
+printf '#!/bin/sh\nexec gcc "$@" -g -DI8A_CHECK_PRECONDITIONS\n' >"$tmp/cc" && chmod +x "$tmp/cc"
 CC=$tmp/cc CFLAGS="${SAN[*]}" LDFLAGS="${SAN[0]}" \
   "$VENV/bin/pip" install -q --no-build-isolation "$tmp/src"
 so=$(echo "$VENV"/lib/python3*/site-packages/int8attn/_cache*.so)
@@ -86,7 +86,7 @@ cd "$ROOT"
 phase "C cross-check of tiers under ASan + UBSan (leak checks on: all of it is instrumented)"
 csrc=(tests/c/tiers_agree.c src/int8attn/_engine.c src/int8attn/_cpu.c src/int8attn/_pool.c
       src/int8attn/_simd/kernels.c)
-cflags=(-O2 -std=c11 -ffp-contract=off -Wall -Wextra -Werror -Isrc/int8attn)
+cflags=(-O2 -std=c11 -ffp-contract=off -Wall -Wextra -Werror -DI8A_CHECK_PRECONDITIONS -Isrc/int8attn)
 gcc "${cflags[@]}" "${SAN[@]}" "${csrc[@]}" -lm -pthread -o "$tmp/agree"
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "$tmp/agree" || fail "tiers_agree under the sanitizers"
 

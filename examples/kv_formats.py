@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from int8attn import reference as R
-from int8attn._cache import OFFSET_MIN_ROWS
+from int8attn._format import OFFSET_MIN_ROWS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)

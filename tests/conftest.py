@@ -14,6 +14,20 @@ PINNED = _cache._requested_isa(os.environ)
 TIERS = (PINNED,) if PINNED else ia.supported_isas()
 # The tiers a cross-tier test compares: those under test, and the scalar tier they must equal.
 AGREEING = tuple(dict.fromkeys(("scalar",) + TIERS))
+# Under a CPU emulator (the qemu lanes of .ci/run) numpy's float code runs 20 to 1000 times
+# slower; matrix() then keeps every case but fewer combinations of them.
+EMULATED = bool(os.environ.get("INT8ATTN_TEST_LAUNCHER") or os.environ.get("QEMU_CPU"))
+
+
+def matrix(cases, formats, every_format):
+    """(case, format) pairs: all of them natively; under emulation every case with the first
+    and the last format (the default and the plain one, by convention) and every format with
+    the cases at the indices `every_format`."""
+    if not EMULATED:
+        return [(c, f) for c in cases for f in formats]
+    pairs = [(c, f) for c in cases for f in (formats[0], formats[-1])]
+    pairs += [(cases[i], f) for i in every_format for f in formats[1:-1]]
+    return pairs
 
 
 @contextlib.contextmanager

@@ -5,7 +5,8 @@ Every format: with and without the rotation, the kept first position and the cen
 import numpy as np
 import pytest
 
-from conftest import filled_cache, rel_err
+import int8attn as ia
+from conftest import filled_cache, matrix, rel_err
 from int8attn import reference as R
 
 # (H, Hkv, D, tokens, data): head dims 16..1024, GQA ratios 1/2/4/8 and MQA, contexts 1, 2, 15,
@@ -32,16 +33,16 @@ def case_id(c):
     return f"H{c[0]}-Hkv{c[1]}-D{c[2]}-S{c[3]}-{c[4]}"
 
 
-FORMATS = [{"rotate": True}, {"rotate": True, "center": True}, {"rotate": True, "keep_first": False},
-           {"rotate": False, "keep_first": False}, {"rotate": False, "center": True}]
+# the named formats, default first and plain last, and the offsets without the rotation
+FORMATS = {"default": ia.FORMATS["default"], "keep_first": ia.FORMATS["keep_first"],
+           "rotated": ia.FORMATS["rotated"],
+           "centered_unrotated": {"rotate": False, "keep_first": True, "center": True},
+           "plain": ia.FORMATS["plain"]}
+PAIRS = [pytest.param(c, FORMATS[f], id=f"{case_id(c)}-{f}")
+         for c, f in matrix(CASES, list(FORMATS), every_format=(4, 7, 11))]   # S 255, 513, 1025
 
 
-def format_id(f):
-    return "-".join(k if v is True else f"no_{k}" for k, v in f.items())
-
-
-@pytest.mark.parametrize("fmt", FORMATS, ids=format_id)
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("case, fmt", PAIRS)
 def test_q16_within_contract_of_fp32_over_dequantized_cache(tier, case, fmt):
     h, hkv, d, s, kind = case
     rng = np.random.default_rng(s * 1000 + d)
@@ -54,8 +55,7 @@ def test_q16_within_contract_of_fp32_over_dequantized_cache(tier, case, fmt):
     assert rel_err(out, ref) <= 1e-3
 
 
-@pytest.mark.parametrize("fmt", FORMATS, ids=format_id)
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("case, fmt", PAIRS)
 def test_q8_matches_kernel_exact_emulation(tier, case, fmt):
     h, hkv, d, s, kind = case
     rng = np.random.default_rng(s * 1000 + d + 1)

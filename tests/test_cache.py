@@ -12,7 +12,7 @@ import pytest
 
 import int8attn as ia
 from conftest import filled_cache, make_kv, rel_err
-from int8attn import _cache
+from int8attn import _args
 from int8attn import reference as R
 
 
@@ -169,7 +169,7 @@ def test_torch_cpu_tensors():
     np.testing.assert_array_equal(got.numpy(), b.decode(q))
     # no copies: a CPU float32 tensor is read in place, and out= may be a tensor
     qt = torch.from_numpy(q)
-    assert np.shares_memory(_cache._as_float32(qt, "q"), q)
+    assert np.shares_memory(_args.as_float32(qt, "q"), q)
     out = torch.full((4, 32), float("nan"))
     assert a.decode(qt, out=out) is out
     np.testing.assert_array_equal(out.numpy(), b.decode(q))

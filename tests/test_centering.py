@@ -9,6 +9,7 @@ import pytest
 
 import int8attn as ia
 from conftest import assert_same_state, assert_tiers_agree, each_tier, make_kv, rel_err, snapshot
+from int8attn import _format
 from int8attn import reference as R
 
 
@@ -62,11 +63,11 @@ def test_an_append_that_starts_the_cache_past_position_0_uses_its_own_rows():
     np.testing.assert_allclose(cache.k_offset, k[1:].astype(np.float64).mean(axis=0), atol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [ia._cache.OFFSET_MIN_ROWS - 1, ia._cache.OFFSET_MIN_ROWS])
+@pytest.mark.parametrize("rows", [_format.OFFSET_MIN_ROWS - 1, _format.OFFSET_MIN_ROWS])
 def test_too_few_rows_for_a_mean_give_zero_offsets(rows):
     """The append that sets the offsets holds `rows` rows past position 0: from 16 on they are
     its mean, below that zeros."""
-    assert ia._cache.OFFSET_MIN_ROWS == 16
+    assert _format.OFFSET_MIN_ROWS == 16
     rng = np.random.default_rng(2)
     k, v = shifted_kv(rng, 40, 2, 32)
     cache = Centered(2, 40, 32, rotate=False)

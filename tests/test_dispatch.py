@@ -9,10 +9,10 @@ import sys
 import pytest
 
 import int8attn as ia
-from int8attn import _cache
+from int8attn import _cache, _tiers
 
 ALL_TIERS = {"scalar", "neon", "neon_dotprod", "avx2", "avx512_vnni"}
-assert set(_cache.KNOWN_TIERS) == ALL_TIERS
+assert set(_tiers.KNOWN_TIERS) == ALL_TIERS
 
 
 def run_python(code, **env):
@@ -70,7 +70,7 @@ def test_unsupported_tier_is_a_clear_error_not_a_crash():
         assert last.startswith("ValueError: INT8ATTN_ISA=")
         assert "supported on this CPU: " + ", ".join(ia.supported_isas()) in last
         if name in ALL_TIERS and name not in _cache._compiled_isas():   # another architecture's
-            assert f"is a tier of {_cache.TIER_ARCH[name]} CPUs, not compiled into this" in last
+            assert f"is a tier of {_tiers.TIER_ARCH[name]} CPUs, not compiled into this" in last
 
 
 def test_private_switch_rejects_unsupported():

@@ -29,11 +29,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 import int8attn as ia                                                           # noqa: E402
 from int8attn import reference as R                                             # noqa: E402
-from conftest import AGREEING, active_tier, assert_same_state, snapshot                         # noqa: E402
+from conftest import AGREEING, EMULATED, active_tier, assert_same_state, snapshot                         # noqa: E402
 
-EMULATED = bool(os.environ.get("INT8ATTN_TEST_LAUNCHER")) or os.environ.get("QEMU_CPU")
 EXAMPLES = int(os.environ.get("INT8ATTN_FUZZ_EXAMPLES", "15" if EMULATED else "100"))
-TOP = 2.0 ** 64                                  # the format's range: _cache.VALUE_MAX
+TOP = 2.0 ** 64                                  # the format's range: _format.VALUE_MAX
 # magnitudes of the rows: denormal to the format's limit
 MAGNITUDES = [1e-41, 1e-30, 1e-3, 1.0, 30.0, 1e6, 1e12, 2.0 ** 60, TOP]
 DTYPES = [np.float32, np.float64, np.float16, np.int32]

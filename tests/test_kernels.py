@@ -40,17 +40,61 @@ def test_quantizer_rejects_non_finite(tier, bad):
             _cache._quantize_rows(x)
 
 
-@pytest.mark.parametrize("d", [16, 32, 48, 80, 128, 1008, 1024])
-def test_integer_dots_are_exact(tier, d):
+def attend(q_hi, q_lo, k, c_lo, two_planes):
+    """The active tier's attend on one chunk with c_hi = 1, k_scale = 1 and no bias: each logit
+    is float(dot_hi), plus c_lo * float(dot_lo) fused when two_planes."""
+    nq, n = q_hi.shape[0], k.shape[0]
+    ones = np.ones(n, np.float32)
+    return _cache._attend(q_hi, q_lo, np.ones(nq, np.float32), np.full(nq, c_lo, np.float32), k,
+                          ones, np.zeros_like(k), ones, np.zeros(nq, np.float32),
+                          two_planes=two_planes)
+
+
+@pytest.mark.parametrize("two_planes", [False, True], ids=["q_bits8", "q_bits16"])
+@pytest.mark.parametrize("d", [16, 32, 48, 80, 128, 256, 1008, 1024])
+def test_attend_dots_are_exact(tier, d, two_planes):
+    """The integer dots decode runs (each tier's K pass, several rows at a time): with c_hi = 1
+    the chunk's max logit is exactly the largest dot. The rows are sorted by their dot, so the
+    chunk of the first n rows has its max in row n - 1: n = 1 .. 37 reads every row's dot, at
+    every position of the tier's row blocks and tails. With two planes, q_lo in [-2, 2] and
+    c_lo = 128 keep dot_hi + 128 dot_lo exact in float32 (|.| < 2^24) up to d = 256."""
+    if two_planes and d > 256:
+        pytest.skip("dot_hi + 128 dot_lo is exact in float32 up to d = 256 only")
     rng = np.random.default_rng(d)
-    q = rng.integers(-127, 128, size=d, dtype=np.int8)
+    q_hi = rng.integers(-127, 128, size=(3, d), dtype=np.int8)
+    q_hi[2] = -127                                 # the extremes: the largest dots there are
+    q_lo = rng.integers(-2, 3, size=(3, d), dtype=np.int8)
     k = rng.integers(-127, 128, size=(37, d), dtype=np.int8)
-    k[0] = 127                                   # extremes: the largest dots there are
-    k[1] = -127
-    q2 = np.full(d, -127, np.int8)
-    want = k.astype(np.int64) @ q.astype(np.int64)
-    np.testing.assert_array_equal(_cache._dots(q, k), want)
-    np.testing.assert_array_equal(_cache._dots(q2, k), k.astype(np.int64) @ q2.astype(np.int64))
+    k[0], k[1] = 127, -127
+    exact = k.astype(np.int64) @ q_hi.astype(np.int64).T            # [37, 3]
+    if two_planes:
+        exact = exact + 128 * (k.astype(np.int64) @ q_lo.astype(np.int64).T)
+    for j in range(3):                             # each query row on its own ordering
+        order = np.argsort(exact[:, j], kind="stable")
+        ks, want = k[order], exact[order, j]
+        for n in range(1, 38):
+            m, _, _ = attend(q_hi[j:j + 1], q_lo[j:j + 1], ks[:n], 128.0, two_planes)
+            assert m[0] == want[n - 1], (j, n)
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 17, 255, 256])
+def test_attend_softmax_and_v_sum(tier, n):
+    """The chunk's l and o against float64: l = sum exp(logit - m), o = sum p v_scale v."""
+    rng = np.random.default_rng(n)
+    d = 80
+    q_hi = rng.integers(-5, 6, size=(2, d), dtype=np.int8)
+    k = rng.integers(-127, 128, size=(n, d), dtype=np.int8)
+    v = rng.integers(-127, 128, size=(n, d), dtype=np.int8)
+    v_scale = rng.uniform(0.01, 0.1, n).astype(np.float32)
+    logits = (k.astype(np.int64) @ q_hi.astype(np.int64).T).T.astype(np.float64) / 64  # [2, n]
+    m2, l2, o2 = _cache._attend(q_hi, q_hi, np.full(2, 1 / 64, np.float32), np.zeros(2, np.float32),
+                                k, np.ones(n, np.float32), v, v_scale, np.zeros(2, np.float32),
+                                two_planes=False)
+    np.testing.assert_array_equal(m2, logits.max(axis=1))
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(l2, p.sum(axis=1), rtol=1e-6)
+    np.testing.assert_allclose(o2, (p * v_scale) @ v.astype(np.float64), rtol=1e-5,
+                               atol=1e-6 * np.abs((p * v_scale) @ v).max())
 
 
 @pytest.mark.parametrize("center", [True, False], ids=["centered", "uncentered"])

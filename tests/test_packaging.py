@@ -1,6 +1,7 @@
 """What the installed package carries (stub, py.typed) and the Hugging Face kernels layout."""
 
 import importlib.util
+import inspect
 import json
 import os
 import subprocess
@@ -32,9 +33,8 @@ def test_stub_declares_the_public_api():
     assert public <= names, sorted(public - names)
     init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
     stub_kw = {a.arg: ast.literal_eval(d) for a, d in zip(init.args.kwonlyargs, init.args.kw_defaults)}
-    from int8attn import _cache
-    assert stub_kw == {"rotate": _cache.DEFAULT_ROTATE, "rotation_seed": 0,
-                       "keep_first": _cache.DEFAULT_KEEP_FIRST, "center": _cache.DEFAULT_CENTER}
+    assert stub_kw == {a: p.default for a, p in inspect.signature(ia.Int8KVCache).parameters.items()
+                       if p.kind == p.KEYWORD_ONLY}
     cache = ia.Int8KVCache(1, 1, 16)                 # center=None resolves to keep_first
     assert (cache.rotate, cache.rotation_seed, cache.keep_first, cache.center) == (True, 0, True, True)
 
@@ -112,3 +112,57 @@ def test_loads_through_kernels_offline(tmp_path, how):
         assert torch_loaded == "False"
     elif torch_loaded == "True":
         assert float(torch_err) == 0
+
+
+def test_source_tree_without_the_compiled_module_says_install_first(tmp_path):
+    """Importing the package's sources (no compiled _cache) names the fix, not a bare
+    ModuleNotFoundError."""
+    import shutil
+    shutil.copytree(PACKAGE, tmp_path / "int8attn",
+                    ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
+    r = subprocess.run([sys.executable, "-c", "import int8attn"], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)}, cwd=str(tmp_path))
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: int8attn's compiled module is missing") and "pip install" in last
+
+
+def test_constructor_signature_is_inspectable():
+    sig = inspect.signature(ia.Int8KVCache)
+    assert list(sig.parameters) == ["n_kv_heads", "max_seq", "head_dim", "rotate", "rotation_seed",
+                                    "keep_first", "center"]
+
+
+def test_formats_are_the_named_presets():
+    """FORMATS names each format by all three options; the default is what no options give."""
+    assert list(ia.FORMATS) == ["plain", "rotated", "keep_first", "default"]
+    for name, options in ia.FORMATS.items():
+        cache = ia.Int8KVCache(1, 1, 16, **options)
+        assert {k: getattr(cache, k) for k in options} == options, name
+    bare = ia.Int8KVCache(1, 1, 16)
+    assert {k: getattr(bare, k) for k in ia.FORMATS["default"]} == ia.FORMATS["default"]
+
+
+@pytest.mark.parametrize("argv, match", [(["--heads", "12", "--kv-heads", "8"], "multiple of --kv-heads"),
+                                         (["--head-dim", "100"], "multiple of 16")])
+def test_demo_arguments_are_checked(argv, match):
+    r = run_python(f"from int8attn.__main__ import main; main({argv!r})")
+    assert r.returncode == 2 and match in r.stderr, r.stderr
+
+
+def test_readme_quick_start_errors_are_what_the_demo_prints():
+    """The README's quick-start table: its error columns are what `python -m int8attn` prints on
+    any machine (seeded inputs, the same bits on every tier); only the times may differ."""
+    from conftest import EMULATED
+    readme = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
+    if not os.path.exists(readme):
+        pytest.skip("README.md: not beside these tests (a copy of the suite outside the tree)")
+    if EMULATED:
+        pytest.skip("the demo's float64 references take minutes under an emulator")
+    text = open(readme).read()
+    block = text.split("python -m int8attn` prints", 1)[1].split("```", 2)[1]
+    want = [line.split()[:4] for line in block.splitlines() if line[:7].strip().isdigit()]
+    r = run_python("from int8attn.__main__ import main; main(['--repeats', '1'])")
+    assert r.returncode == 0, r.stderr
+    got = [line.split()[:4] for line in r.stdout.splitlines() if line[:7].strip().isdigit()]
+    assert len(want) == 6 and got == want

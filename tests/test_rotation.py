@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import int8attn as ia
-from conftest import each_tier, make_kv, rel_err
+from conftest import each_tier, filled_cache, make_kv, rel_err
 from int8attn import _cache
 from int8attn import reference as R
 
@@ -16,7 +16,8 @@ DIMS = [16, 32, 48, 64, 80, 96, 128, 192, 256, 384, 512, 1024]
 def test_transform_is_orthonormal_and_undone_by_its_inverse(tier, d):
     sign = R.rotation_signs(d, 7)
     m = _cache._rotate(np.eye(d, dtype=np.float32), sign)          # rows: R applied to e_i
-    np.testing.assert_allclose(m @ m.T, np.eye(d), atol=2e-6)
+    rows = np.arange(d) if d <= 256 else np.random.default_rng(d).choice(d, 32, replace=False)
+    np.testing.assert_allclose(m[rows] @ m.T, np.eye(d)[rows], atol=2e-6)   # R R^T = I
     x = np.random.default_rng(d).standard_normal((5, d)).astype(np.float32)
     y = _cache._rotate(x, sign)
     np.testing.assert_allclose(y, R.rotate(x, sign), rtol=0, atol=1e-5)
@@ -145,3 +146,31 @@ def test_state_without_rotation_keys_loads_unrotated(tmp_path):
 def test_rotation_arguments(kwargs, exc, match):
     with pytest.raises(exc, match=match):
         ia.Int8KVCache(2, 10, 16, **kwargs)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 12345, 2 ** 63, 2 ** 64 - 1])
+def test_engine_signs_are_the_references(seed):
+    """The C engine draws the rotation's signs (part of the file format: a file stores the
+    seed); the reference draws them independently in Python."""
+    for d in (16, 80, 1024):
+        np.testing.assert_array_equal(_cache._rotation_signs(d, seed), R.rotation_signs(d, seed))
+
+
+@pytest.mark.parametrize("options", [{}, {"center": False}, {"keep_first": False}])
+def test_dequantize_is_codes_times_scales_rotated_back(tier, options):
+    """dequantize() (the engine's, in float32) against the same history rebuilt in float64 from
+    the views: within float32 rounding, position 0 exact with keep_first."""
+    rng = np.random.default_rng(9)
+    cache, k, _ = filled_cache(rng, 2, 96, 40, "outlier", **options)
+    kd, vd = cache.dequantize()
+    for got, codes, scales, off in ((kd, cache.k_i8, cache.k_scale, cache.k_offset),
+                                    (vd, cache.v_i8, cache.v_scale, cache.v_offset)):
+        rows = codes.astype(np.float64) * scales[..., None]        # [Hkv, len, D]
+        if off is not None:
+            rows[:, 1:] += off[:, None]
+        want = R.rotate(rows, R.rotation_signs(96, 0), inverse=True).transpose(1, 0, 2)
+        if cache.keep_first:
+            want[0] = (cache.k_first if got is kd else cache.v_first)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
+    if cache.keep_first:
+        np.testing.assert_array_equal(kd[0], k[0])

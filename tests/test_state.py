@@ -145,3 +145,11 @@ def test_mismatched_state_is_a_clear_error(tmp_path):
         ia.Int8KVCache.load(tmp_path / "foreign.npz")
     with pytest.raises(TypeError, match="state must be a dict"):
         ia.Int8KVCache.from_state_dict([1, 2])
+
+
+def test_max_seq_may_be_positional(tmp_path):
+    cache = ia.Int8KVCache(2, 8, 32)
+    cache.append(np.ones((3, 2, 32)), np.ones((3, 2, 32)))
+    cache.save(tmp_path / "c.npz")
+    assert ia.Int8KVCache.load(tmp_path / "c.npz", 20).max_seq == 20
+    assert ia.Int8KVCache.from_state_dict(cache.state_dict(), 16).max_seq == 16

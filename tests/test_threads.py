@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import int8attn as ia
+from int8attn import _cache
 from conftest import filled_cache
 from test_dispatch import run_python
 
@@ -27,12 +28,12 @@ def test_output_is_bit_identical_for_every_thread_count(tier, threads, shape, q_
     cache, _, _ = filled_cache(rng, hkv, d, s, "outlier")
     q = rng.standard_normal((h, d)).astype(np.float32)
     ia.set_num_threads(1)
-    assert cache._decode_threads(h) == 1
+    assert _cache._decode_threads(cache, h) == 1
     want = cache.decode(q, q_bits=q_bits)
     items = hkv * -(-s // 256)                        # (kv head, 256-token chunk) pairs
     for n in (2, 3, 4, 7):
         ia.set_num_threads(n)
-        assert cache._decode_threads(h) == min(n, items)   # the work really is split
+        assert _cache._decode_threads(cache, h) == min(n, items)   # the work really is split
         got = cache.decode(q, q_bits=q_bits)
         np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32), err_msg=f"{n} threads")
 
@@ -40,10 +41,10 @@ def test_output_is_bit_identical_for_every_thread_count(tier, threads, shape, q_
 def test_short_contexts_use_fewer_threads(threads):
     ia.set_num_threads(8)
     cache, _, _ = filled_cache(np.random.default_rng(0), 8, 128, 64)
-    assert cache._decode_threads(8) == 1
+    assert _cache._decode_threads(cache, 8) == 1
     big = ia.Int8KVCache(8, 4096, 128)
     big.append(np.ones((4096, 8, 128), np.float32), np.ones((4096, 8, 128), np.float32))
-    assert big._decode_threads(8) == 8
+    assert _cache._decode_threads(big, 8) == 8
 
 
 @pytest.mark.parametrize("bad, exc", [(0, ValueError), (257, ValueError), (-1, ValueError),
@@ -96,7 +97,7 @@ def test_pool_survives_fork(threads):
     pid = os.fork()
     if pid == 0:                                  # child: decode with threads again, report by exit code
         try:
-            ok = np.array_equal(cache.decode(q), want) and cache._decode_threads(8) == 2
+            ok = np.array_equal(cache.decode(q), want) and _cache._decode_threads(cache, 8) == 2
             os._exit(0 if ok else 1)
         except BaseException:
             os._exit(2)
@@ -126,7 +127,7 @@ def test_bandwidth_probe_reads_every_byte(threads, shape):
                         cache.v_scale[g, c0:c1]):
                 want ^= _fold(buf)
     for n in (1, 2, 3):
-        assert cache._stream_read(n) == want
+        assert _cache._stream_read(cache, n) == want
 
 
 def test_interleaved_timing_alternates_and_keeps_the_calls_apart():

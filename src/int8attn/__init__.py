@@ -11,12 +11,21 @@ accumulation over the int8 V stream, with SIMD kernels chosen for this CPU at im
 (32, 128)
 """
 
+try:
+    from ._cache import Int8KVCache, get_num_threads, isa, set_num_threads, supported_isas
+except ModuleNotFoundError as e:         # the sources without the compiled front end
+    if e.name != f"{__name__}._cache":
+        raise
+    raise ImportError(
+        f"int8attn's compiled module is missing from {__path__[0]}: this is the source tree, not "
+        "an installed package. Install it first (pip install . from the repository root, or "
+        "pip install -e . to edit it in place), and run from outside src/.") from None
 from . import reference
-from ._cache import Int8KVCache, get_num_threads, isa, set_num_threads, supported_isas
+from ._format import FORMATS
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Int8KVCache", "isa", "supported_isas", "set_num_threads", "get_num_threads", "reference",
-    "__version__",
+    "Int8KVCache", "FORMATS", "isa", "supported_isas", "set_num_threads", "get_num_threads",
+    "reference", "__version__",
 ]

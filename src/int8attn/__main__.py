@@ -108,13 +108,19 @@ def bench(contexts, regime, plot, budget):
         print(f"\nplot: {plot}")
 
 
-def draw(results, path, regime):
+def pyplot():
+    """matplotlib's pyplot (non-interactive), or SystemExit saying how to install it."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise SystemExit("--plot needs matplotlib: pip install 'int8attn[bench]'") from None
+    return plt
+
+
+def draw(results, path, regime):
+    plt = pyplot()
     series = {}
     for r in results:
         c = r["case"]
@@ -156,6 +162,15 @@ def main(argv=None):
     parser.add_argument("--plot", metavar="FILE.png", help="bench: also plot time vs context")
     parser.add_argument("--budget", type=float, default=0.4, help="bench: seconds per case")
     args = parser.parse_args(argv)
+    if args.heads < 1 or args.kv_heads < 1 or args.heads % args.kv_heads:
+        parser.error(f"--heads must be a positive multiple of --kv-heads (GQA), got "
+                     f"--heads {args.heads} --kv-heads {args.kv_heads}")
+    if args.head_dim % 16 or not 16 <= args.head_dim <= 1024:
+        parser.error(f"--head-dim must be a multiple of 16 from 16 to 1024, got {args.head_dim}")
+    if min(args.contexts) < 1 or args.repeats < 1:
+        parser.error("--contexts and --repeats must be positive")
+    if args.command == "bench" and args.plot:
+        pyplot()                    # before minutes of measuring, not after
     if args.command == "kernels-layout":
         if not args.out:
             parser.error("kernels-layout needs the folder to write: kernels-layout OUT")

@@ -140,10 +140,10 @@ def run_int8attn(case, budget, rng):
     out = np.empty((case.h, case.d), np.float32)
     with _setting(isa, _cache._set_isa, case.tier) as tier, \
             _setting(get_num_threads, set_num_threads, case.threads) as max_threads:
-        used = caches[0]._decode_threads(case.h)
+        used = _cache._decode_threads(caches[0], case.h)
         got = caches[0].decode(q, q_bits=case.q_bits)
         decode = _timed(lambda i: caches[i].decode(q, q_bits=case.q_bits, out=out), copies, 20, budget)
-        probe = _timed(lambda i: caches[i]._stream_read(used), copies, 20, budget)
+        probe = _timed(lambda i: _cache._stream_read(caches[i], used), copies, 20, budget)
         # append: the whole context in one call (prefill), then one token at a time
         spare = _cache_for(case)
         bulk = _timed(lambda i: (spare.reset(), spare.append(k, v)), 1, 3, budget / 4)

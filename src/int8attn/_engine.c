@@ -1,7 +1,9 @@
 #include "_engine.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "_pool.h"
@@ -13,14 +15,14 @@ static const float *maybe_rotated(const i8a_kernels *kt, const i8a_cache *c, con
 {
     if (!c->sign)
         return x;
-    kt->rotate(x, c->d, c->sign, 0, tmp);
+    kt->rotate(x, c->head_dim, c->sign, 0, tmp);
     return tmp;
 }
 
 /* The offsets exist (decode adds them back) once a centered cache holds `len` >= 2 tokens. */
 static int has_offsets(const i8a_cache *c, size_t len)
 {
-    return c->k_off != NULL && len >= 2;
+    return c->k_offset != NULL && len >= 2;
 }
 
 /* Whether every one of the d values at x has |x| <= limit (a non-negative float): false for
@@ -86,7 +88,7 @@ static int offset_keeps(const float *x, size_t t, size_t from, size_t hkv, size_
 static size_t set_offset(const i8a_kernels *kt, const i8a_cache *c, const float *x, size_t t,
                          size_t from, float *off)
 {
-    const size_t d = c->d, hkv = c->hkv, per_block = I8A_OFFSET_SUMS / d;
+    const size_t d = c->head_dim, hkv = c->n_kv_heads, per_block = I8A_OFFSET_SUMS / d;
     double sum[I8A_OFFSET_SUMS];
     size_t bad = t * hkv;
     if (t - from < I8A_OFFSET_MIN_ROWS) {
@@ -127,32 +129,35 @@ static int store_row(const i8a_kernels *kt, const i8a_cache *c, const float *x, 
     float tmp[I8A_MAX_HEAD_DIM];
     const float *y = maybe_rotated(kt, c, x, tmp);
     if (off) {
-        for (size_t i = 0; i < c->d; i++)
+        for (size_t i = 0; i < c->head_dim; i++)
             tmp[i] = y[i] - off[i];
         y = tmp;
     }
-    return kt->quantize_row(y, c->d, codes, scale);
+    return kt->quantize_row(y, c->head_dim, codes, scale);
 }
 
 int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const float *v,
                size_t t, size_t *bad)
 {
-    const size_t d = c->d, hkv = c->hkv;
-    if (!has_offsets(c, c->len) && has_offsets(c, c->len + t)) {
+    const size_t d = c->head_dim, hkv = c->n_kv_heads;
+    I8A_EXPECT(c->length + t <= c->max_seq && t >= 1);
+    I8A_EXPECT(d % 16 == 0 && d >= 16 && d <= I8A_MAX_HEAD_DIM && hkv >= 1);
+    I8A_EXPECT(!c->k_offset || c->k_first);
+    if (!has_offsets(c, c->length) && has_offsets(c, c->length + t)) {
         /* the offsets come from this append: a bad row anywhere in it is reported before any
          * row is stored (the first in row order, k before v, as the loop below would) */
-        const size_t from = 1 - c->len;                     /* the token at position 1 */
-        const size_t bk = set_offset(kt, c, k, t, from, c->k_off);
-        const size_t bv = set_offset(kt, c, v, t, from, c->v_off);
+        const size_t from = 1 - c->length;                     /* the token at position 1 */
+        const size_t bk = set_offset(kt, c, k, t, from, c->k_offset);
+        const size_t bv = set_offset(kt, c, v, t, from, c->v_offset);
         if (bk < t * hkv || bv < t * hkv) {
             *bad = bk <= bv ? bk : bv;
             return bk <= bv ? 1 : 2;
         }
     }
     for (size_t r = 0; r < t * hkv; r++) {
-        const size_t tok = r / hkv, head = r % hkv, pos = c->len + tok;
-        const size_t row = head * c->cap + pos;
-        const int centered = c->k_off && pos >= 1;
+        const size_t tok = r / hkv, head = r % hkv, pos = c->length + tok;
+        const size_t row = head * c->max_seq + pos;
+        const int centered = c->k_offset && pos >= 1;
         if (c->k_first && pos == 0) {
             memcpy(c->k_first + head * d, k + r * d, d * sizeof(float));
             memcpy(c->v_first + head * d, v + r * d, d * sizeof(float));
@@ -160,14 +165,14 @@ int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const 
         /* rows in range stay finite through the rotation and the offset (I8A_VALUE_MAX), so
          * the quantizer's own check of the stored row never fails after this one */
         if (!in_range(k + r * d, d)
-            || store_row(kt, c, k + r * d, centered ? c->k_off + head * d : NULL,
-                         c->k + row * d, c->ks + row) != 0) {
+            || store_row(kt, c, k + r * d, centered ? c->k_offset + head * d : NULL,
+                         c->k_codes + row * d, c->k_scale + row) != 0) {
             *bad = r;
             return 1;
         }
         if (!in_range(v + r * d, d)
-            || store_row(kt, c, v + r * d, centered ? c->v_off + head * d : NULL,
-                         c->v + row * d, c->vs + row) != 0) {
+            || store_row(kt, c, v + r * d, centered ? c->v_offset + head * d : NULL,
+                         c->v_codes + row * d, c->v_scale + row) != 0) {
             *bad = r;
             return 2;
         }
@@ -182,58 +187,75 @@ static size_t align64(size_t n)
 
 static size_t n_chunks(const i8a_cache *c)
 {
-    return (c->len + I8A_CHUNK - 1) / I8A_CHUNK;
+    return (c->length + I8A_CHUNK - 1) / I8A_CHUNK;
 }
 
-/* Positions before this one are read from float rows, not from the codes. */
-static size_t first_coded(const i8a_cache *c)
+/* The first position read from the codes (position 0 is read from its float row when kept). */
+static size_t coded_from(const i8a_cache *c)
 {
     return c->k_first ? 1 : 0;
 }
 
 /* The positions query tt of t sees, as two half-open ranges of coded positions in position
- * order: the sinks [a0, b0) (empty without them) and the window up to the query itself
- * [a1, b1); and whether it sees position 0 from its float row (kept first position). */
+ * order: the sinks [sink_begin, sink_end) (empty without them) and the window up to the query
+ * itself [win_begin, win_end); and pos0: whether it sees position 0 from its float row (kept
+ * first position). */
 typedef struct {
-    size_t a0, b0, a1, b1;
-    int first;
-} i8a_visible;
+    size_t sink_begin, sink_end, win_begin, win_end;
+    int pos0;
+} visible_ranges;
 
-static i8a_visible visible(const i8a_cache *c, size_t t, size_t tt, const i8a_options *opt)
+static visible_ranges visible(const i8a_cache *c, size_t t, size_t tt, const i8a_options *opt)
 {
-    const size_t end = c->len - t + tt + 1;                 /* the query's position + 1 */
+    const size_t end = c->length - t + tt + 1;                 /* the query's position + 1 */
     size_t lo = opt->window && end > opt->window ? end - opt->window : 0;
-    i8a_visible v = {0, 0, lo, end, 0};
+    visible_ranges v = {0, 0, lo, end, 0};
     if (opt->sinks >= lo)
-        v.a1 = 0;                                           /* the sinks join the window */
+        v.win_begin = 0;                                           /* the sinks join the window */
     else
-        v.b0 = opt->sinks;
-    const size_t e = first_coded(c);
-    v.first = e && (v.a1 == 0 || v.b0 > 0);
-    v.a0 = v.a0 > e ? v.a0 : e;
-    v.a1 = v.a1 > e ? v.a1 : e;
+        v.sink_end = opt->sinks;
+    const size_t e = coded_from(c);
+    v.pos0 = e && (v.win_begin == 0 || v.sink_end > 0);
+    v.sink_begin = v.sink_begin > e ? v.sink_begin : e;
+    v.win_begin = v.win_begin > e ? v.win_begin : e;
     return v;
 }
 
-/* Chunks any query sees, in order, written to list (when not NULL); returns how many. */
-static size_t visible_chunks(const i8a_cache *c, size_t t, const i8a_options *opt, size_t *list)
+/* The chunks the queries see, in position order: two runs of consecutive chunks (the sinks',
+ * then the window's; the second empty when they meet). Each query's window range ends at its
+ * own position and consecutive queries' ranges overlap, so the window ranges of all queries
+ * cover [the first query's window start, len); the sinks range is the same for every query
+ * that has one, and the last query has one when any does. */
+typedef struct {
+    size_t begin[2], count[2];
+} chunk_runs;
+
+static chunk_runs visible_chunks(const i8a_cache *c, size_t t, const i8a_options *opt)
 {
-    size_t count = 0;
-    for (size_t k = 0; k < n_chunks(c); k++) {
-        const size_t c0 = k * I8A_CHUNK, c1 = c0 + I8A_CHUNK;
-        int seen = 0;
-        for (size_t tt = 0; tt < t && !seen; tt++) {
-            const i8a_visible v = visible(c, t, tt, opt);
-            seen = (v.a0 < v.b0 && v.a0 < c1 && c0 < v.b0)
-                || (v.a1 < v.b1 && v.a1 < c1 && c0 < v.b1);
-        }
-        if (seen) {
-            if (list)
-                list[count] = k;
-            count++;
+    const visible_ranges v0 = visible(c, t, 0, opt), vl = visible(c, t, t - 1, opt);
+    chunk_runs runs = {{0, 0}, {0, 0}};
+    size_t k = 0;
+    if (vl.sink_begin < vl.sink_end) {
+        runs.begin[0] = vl.sink_begin / I8A_CHUNK;
+        runs.count[0] = (vl.sink_end - 1) / I8A_CHUNK + 1 - runs.begin[0];
+        k = 1;
+    }
+    if (v0.win_begin < c->length) {
+        size_t b = v0.win_begin / I8A_CHUNK, e = (c->length - 1) / I8A_CHUNK + 1;
+        if (k && b <= runs.begin[0] + runs.count[0]) {      /* meets the sinks' run: one run */
+            runs.count[0] = e - runs.begin[0];
+        } else {
+            runs.begin[k] = b;
+            runs.count[k] = e - b;
         }
     }
-    return count;
+    return runs;
+}
+
+/* The vi-th visible chunk. */
+static size_t visible_chunk(const chunk_runs *runs, size_t vi)
+{
+    return vi < runs->count[0] ? runs->begin[0] + vi : runs->begin[1] + (vi - runs->count[0]);
 }
 
 /* Work per thread below which another thread costs more than it saves, in kv rows of 128
@@ -242,13 +264,13 @@ static size_t visible_chunks(const i8a_cache *c, size_t t, const i8a_options *op
  * gains from a second thread at 256 tokens (19 -> 15 us) and loses at 128 (10.5 -> 11.4 us). */
 #define I8A_ROWS_PER_THREAD 1024
 
-size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
-                          size_t max_threads)
+/* Threads for `items` work items of a decode of t queries of h heads: at most max_threads,
+ * fewer when the tokens read are too few to pay for waking another thread. */
+static size_t threads_for(const i8a_cache *c, size_t t, size_t h, size_t items, size_t max_threads)
 {
-    const size_t rows_per_kv = t * (h / c->hkv);
-    const size_t items = c->hkv * visible_chunks(c, t, opt, NULL);
-    const size_t tokens = items / c->hkv * I8A_CHUNK;       /* an upper bound of rows read */
-    const size_t work = c->hkv * (tokens < c->len ? tokens : c->len) * (c->d / 16)
+    const size_t hkv = c->n_kv_heads, rows_per_kv = t * (h / hkv);
+    const size_t tokens = items / hkv * I8A_CHUNK;          /* an upper bound of rows read */
+    const size_t work = hkv * (tokens < c->length ? tokens : c->length) * (c->head_dim / 16)
                       * (1 + rows_per_kv) / 16;
     size_t n = work / I8A_ROWS_PER_THREAD;
     n = n < 1 ? 1 : n;
@@ -256,28 +278,34 @@ size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_opti
     return n < items ? n : (items ? items : 1);
 }
 
-/* Scratch layout, every part 64-byte aligned (R = t * nq query rows per kv head):
- *   q_hi, q_lo [hkv][R][d] int8;  c_hi, c_lo, bias, first [hkv][R] float;  residual [d] float;
- *   position 0's V row in the stored space, first_v [hkv][d] float;
- *   the visible chunks [nvis] size_t;  chunks left per kv head [hkv] (atomic);
+/* The plan of one decode: the visible chunks, the thread count, and the workspace layout, every
+ * part 64-byte aligned (R = t * nq query rows per kv head):
+ *   q_hi, q_lo [hkv][R][d] int8;  c_hi, c_lo, bias, pos0_logit [hkv][R] float;
+ *   residual [d] float;
+ *   position 0's V row in the stored space, v_pos0 [hkv][d] float;
+ *   chunks left per kv head [hkv] (atomic);
  *   running max and sum per kv head [hkv][R] float each;
  *   per (kv head, visible chunk, part): the state of R rows: o [R][d], m [R], l [R]; the part is
  *     0 for the sinks and 1 for the window when both are on, else 0;
  *   per thread: the attend scratch, 2 * R * I8A_CHUNK floats. */
 typedef struct {
-    size_t rows, parts, nvis;
-    size_t q_lo, c_hi, c_lo, bias, first, first_v, residual, vis, left, run_m, run_l, states;
+    chunk_runs runs;
+    size_t rows, parts, nvis, threads;
+    size_t q_lo, c_hi, c_lo, bias, pos0_logit, v_pos0, residual, left, run_m, run_l, states;
     size_t workers, end;
     size_t state_bytes, worker_bytes;
 } layout;
 
-static layout plan(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt, size_t threads)
+static layout plan(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
+                   size_t max_threads)
 {
-    const size_t d = c->d, f = sizeof(float), hkv = c->hkv;
+    const size_t d = c->head_dim, f = sizeof(float), hkv = c->n_kv_heads;
     layout L;
     L.rows = t * (h / hkv);
     L.parts = opt->window && opt->sinks ? 2 : 1;
-    L.nvis = visible_chunks(c, t, opt, NULL);
+    L.runs = visible_chunks(c, t, opt);
+    L.nvis = L.runs.count[0] + L.runs.count[1];
+    L.threads = threads_for(c, t, h, hkv * L.nvis, max_threads);
     L.state_bytes = align64(L.rows * (d + 2) * f);
     L.worker_bytes = align64(2 * L.rows * I8A_CHUNK * f);
     const size_t qrows = hkv * L.rows;
@@ -285,23 +313,46 @@ static layout plan(const i8a_cache *c, size_t t, size_t h, const i8a_options *op
     L.c_hi = L.q_lo + align64(qrows * d);
     L.c_lo = L.c_hi + align64(qrows * f);
     L.bias = L.c_lo + align64(qrows * f);
-    L.first = L.bias + align64(qrows * f);
-    L.first_v = L.first + align64(qrows * f);
-    L.residual = L.first_v + align64(hkv * d * f);
-    L.vis = L.residual + align64(d * f);
-    L.left = L.vis + align64(n_chunks(c) * sizeof(size_t));
+    L.pos0_logit = L.bias + align64(qrows * f);
+    L.v_pos0 = L.pos0_logit + align64(qrows * f);
+    L.residual = L.v_pos0 + align64(hkv * d * f);
+    L.left = L.residual + align64(d * f);
     L.run_m = L.left + align64(hkv * sizeof(atomic_size_t));
     L.run_l = L.run_m + align64(qrows * f);
     L.states = L.run_l + align64(qrows * f);
     L.workers = L.states + hkv * L.nvis * L.parts * L.state_bytes;
-    L.end = L.workers + (threads ? threads : 1) * L.worker_bytes;
+    L.end = L.workers + L.threads * L.worker_bytes;
     return L;
 }
 
-size_t i8a_decode_scratch_size(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
-                               size_t threads)
+size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
+                          size_t max_threads)
 {
-    return plan(c, t, h, opt, threads).end;
+    return plan(c, t, h, opt, max_threads).threads;
+}
+
+/* The workspace holds at least `bytes` (64-byte aligned): grown by half again at least, so a
+ * growing cache reallocates rarely. 0, or -1 when it cannot be allocated (then unchanged). */
+static int reserve_work(i8a_cache *c, size_t bytes)
+{
+    if (c->work_bytes >= bytes)
+        return 0;
+    size_t grown = c->work_bytes + c->work_bytes / 2;
+    grown = align64(grown > bytes ? grown : bytes);
+    void *p = aligned_alloc(64, grown);
+    if (!p)
+        return -1;
+    free(c->work);
+    c->work = p;
+    c->work_bytes = grown;
+    return 0;
+}
+
+void i8a_cache_free_work(i8a_cache *c)
+{
+    free(c->work);
+    c->work = NULL;
+    c->work_bytes = 0;
 }
 
 /* The two q planes of one query row: q_hi, s_hi quantize q; q_lo, s_lo quantize the residual
@@ -343,7 +394,6 @@ typedef struct {
     char *base;
     layout L;
     size_t t, h, nq;
-    const size_t *vis;
     float *out;
 } decode_job;
 
@@ -351,15 +401,16 @@ typedef struct {
 static i8a_state state_at(const decode_job *job, size_t g, size_t vi, size_t part, size_t r)
 {
     const size_t slot = (g * job->L.nvis + vi) * job->L.parts + part, rows = job->L.rows;
+    const size_t d = job->c->head_dim;
     float *p = (float *)(job->base + job->L.states + slot * job->L.state_bytes);
-    i8a_state s = {p + rows * job->c->d + r, p + rows * job->c->d + rows + r, p + r * job->c->d};
+    i8a_state s = {p + rows * d + r, p + rows * d + rows + r, p + r * d};
     return s;
 }
 
 /* Query rows [r, r + count) of kv head g. */
 static i8a_query query_at(const decode_job *job, size_t g, size_t r, size_t count)
 {
-    const size_t d = job->c->d, row = g * job->L.rows + r;
+    const size_t d = job->c->head_dim, row = g * job->L.rows + r;
     const i8a_query q = {
         d, count, job->opt->q_bits == 16,
         (const int8_t *)job->base + row * d,
@@ -376,8 +427,9 @@ static i8a_query query_at(const decode_job *job, size_t g, size_t r, size_t coun
 /* Positions [a, b) of kv head g as a span (without a prefetch hint). */
 static i8a_span span_rows(const i8a_cache *c, size_t g, size_t a, size_t b)
 {
-    const size_t row = g * c->cap + a, d = c->d;
-    i8a_span span = {c->k + row * d, c->v + row * d, c->ks + row, c->vs + row, b - a, NULL, NULL, 0};
+    const size_t row = g * c->max_seq + a, d = c->head_dim;
+    i8a_span span = {c->k_codes + row * d, c->v_codes + row * d, c->k_scale + row,
+                     c->v_scale + row, b - a, NULL, NULL, 0};
     return span;
 }
 
@@ -385,29 +437,29 @@ static i8a_span span_rows(const i8a_cache *c, size_t g, size_t a, size_t b)
 static size_t chunk_start(const i8a_cache *c, size_t chunk)
 {
     const size_t c0 = chunk * I8A_CHUNK;
-    return c0 > first_coded(c) ? c0 : first_coded(c);
+    return c0 > coded_from(c) ? c0 : coded_from(c);
 }
 
 /* Chunk `chunk` of kv head g as a span: its coded positions, the last chunk cut at len. */
 static i8a_span chunk_span(const i8a_cache *c, size_t g, size_t chunk)
 {
     const size_t c1 = chunk * I8A_CHUNK + I8A_CHUNK;
-    return span_rows(c, g, chunk_start(c, chunk), c1 < c->len ? c1 : c->len);
+    return span_rows(c, g, chunk_start(c, chunk), c1 < c->length ? c1 : c->length);
 }
 
 /* The state of position 0 read from its float row (kept first position): m = the logit
- * (soft-capped when the cap is on), l = 1, o = v0 (its V row in the stored space), minus v_off
+ * (soft-capped when the cap is on), l = 1, o = v0 (its V row in the stored space), minus v_offset
  * when `off` (the offset then joins every row at the end). */
-static void first_state(const decode_job *job, size_t g, size_t r, const float *v0, int off,
+static void pos0_state(const decode_job *job, size_t g, size_t r, const float *v0, int off,
                         const i8a_state *run)
 {
     const i8a_cache *c = job->c;
-    const float lg = ((const float *)(job->base + job->L.first))[g * job->L.rows + r];
+    const float lg = ((const float *)(job->base + job->L.pos0_logit))[g * job->L.rows + r];
     const float cap = job->opt->softcap;
     run->m[0] = cap > 0.0f ? i8a_softcap(lg, cap, 1.0f / cap) : lg;
     run->l[0] = 1.0f;
-    for (size_t i = 0; i < c->d; i++)
-        run->o[i] = off ? v0[i] - c->v_off[g * c->d + i] : v0[i];
+    for (size_t i = 0; i < c->head_dim; i++)
+        run->o[i] = off ? v0[i] - c->v_offset[g * c->head_dim + i] : v0[i];
 }
 
 /* All chunks of kv head g are done: per query row, fold the states it has in position order
@@ -417,10 +469,10 @@ static void first_state(const decode_job *job, size_t g, size_t r, const float *
 static void finish_head(const decode_job *job, size_t g)
 {
     const i8a_cache *c = job->c;
-    const size_t d = c->d, nq = job->nq, rows = job->L.rows;
+    const size_t d = c->head_dim, nq = job->nq, rows = job->L.rows;
     float *rm = (float *)(job->base + job->L.run_m) + g * rows;
     float *rl = (float *)(job->base + job->L.run_l) + g * rows;
-    float *v0 = (float *)(job->base + job->L.first_v) + g * d;
+    float *v0 = (float *)(job->base + job->L.v_pos0) + g * d;
     if (c->k_first && c->sign)
         job->kt->rotate(c->v_first + g * d, d, c->sign, 0, v0);    /* once for the head's rows */
     else if (c->k_first)
@@ -429,11 +481,12 @@ static void finish_head(const decode_job *job, size_t g)
         const size_t tt = r / nq, j = r % nq;
         float *o = job->out + (tt * job->h + g * nq + j) * d;
         const i8a_state run = {rm + r, rl + r, o};
-        const i8a_visible vis = visible(c, job->t, tt, job->opt);
-        const int off = has_offsets(c, c->len) && (vis.a0 < vis.b0 || vis.a1 < vis.b1);
-        int started = vis.first;
+        const visible_ranges vis = visible(c, job->t, tt, job->opt);
+        const int off = has_offsets(c, c->length)
+                        && (vis.sink_begin < vis.sink_end || vis.win_begin < vis.win_end);
+        int started = vis.pos0;
         if (started)
-            first_state(job, g, r, v0, off, &run);
+            pos0_state(job, g, r, v0, off, &run);
         for (size_t vi = 0; vi < job->L.nvis; vi++) {
             for (size_t part = 0; part < job->L.parts; part++) {
                 const i8a_state st = state_at(job, g, vi, part, r);
@@ -444,7 +497,7 @@ static void finish_head(const decode_job *job, size_t g)
                     memcpy(o, st.o, d * sizeof(float));
                     started = 1;
                 } else {
-                    job->kt->merge(&run, &st, 1, d);
+                    job->kt->merge(&run, &st, d);
                 }
             }
         }
@@ -453,7 +506,7 @@ static void finish_head(const decode_job *job, size_t g)
             o[i] = o[i] * inv;
         if (off)
             for (size_t i = 0; i < d; i++)
-                o[i] = o[i] + c->v_off[g * d + i];
+                o[i] = o[i] + c->v_offset[g * d + i];
         if (c->sign)
             job->kt->rotate(o, d, c->sign, 1, o);           /* back from the rotated space */
     }
@@ -466,7 +519,7 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
     const size_t nq = job->nq, rows = job->L.rows, nvis = job->L.nvis;
     float *scratch = (float *)(job->base + job->L.workers + worker * job->L.worker_bytes);
     for (size_t item = begin; item < end; item++) {
-        const size_t g = item / nvis, vi = item % nvis, chunk = job->vis[vi];
+        const size_t g = item / nvis, vi = item % nvis, chunk = visible_chunk(&job->L.runs, vi);
         const i8a_span whole_span = chunk_span(c, g, chunk);
         const size_t c0 = chunk_start(c, chunk), c1 = c0 + whole_span.n;
         for (size_t part = 0; part < job->L.parts; part++) {
@@ -477,23 +530,24 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
         /* the whole chunk for every query: one pass serves all rows */
         int whole = 1;
         for (size_t tt = 0; tt < job->t && whole; tt++) {
-            const i8a_visible v = visible(c, job->t, tt, job->opt);
-            whole = v.a1 <= c0 && c1 <= v.b1;
+            const visible_ranges v = visible(c, job->t, tt, job->opt);
+            whole = v.win_begin <= c0 && c1 <= v.win_end;
         }
         const size_t then = item + 1 < end ? item + 1 : after;   /* this thread's next item */
         i8a_span next = {0};
-        if (then < c->hkv * nvis)
-            next = chunk_span(c, then / nvis, job->vis[then % nvis]);
+        if (then < c->n_kv_heads * nvis)
+            next = chunk_span(c, then / nvis, visible_chunk(&job->L.runs, then % nvis));
         if (whole) {
             i8a_span span = whole_span;
             span.next_k = next.k, span.next_v = next.v, span.next_n = next.n;
             const i8a_query q = query_at(job, g, 0, rows);
             const i8a_state st = state_at(job, g, vi, job->L.parts - 1, 0);
+            I8A_EXPECT(span.n >= 1 && span.n <= I8A_CHUNK && q.nq >= 1);
             job->kt->attend(&q, &span, scratch, &st);
         } else {
             for (size_t tt = 0; tt < job->t; tt++) {
-                const i8a_visible v = visible(c, job->t, tt, job->opt);
-                const size_t range[2][2] = {{v.a0, v.b0}, {v.a1, v.b1}};
+                const visible_ranges v = visible(c, job->t, tt, job->opt);
+                const size_t range[2][2] = {{v.sink_begin, v.sink_end}, {v.win_begin, v.win_end}};
                 for (size_t k = 0; k < 2; k++) {
                     const size_t a = range[k][0] > c0 ? range[k][0] : c0;
                     const size_t b = range[k][1] < c1 ? range[k][1] : c1;
@@ -503,6 +557,7 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
                     span.next_k = next.k, span.next_v = next.v, span.next_n = next.n;
                     const i8a_query q = query_at(job, g, tt * nq, nq);
                     const i8a_state st = state_at(job, g, vi, job->L.parts == 2 ? k : 0, tt * nq);
+                    I8A_EXPECT(span.n >= 1 && span.n <= I8A_CHUNK);
                     job->kt->attend(&q, &span, scratch, &st);
                 }
             }
@@ -513,15 +568,25 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
     }
 }
 
-int i8a_decode(const i8a_kernels *kt, const i8a_cache *c, const float *q, size_t t, size_t h,
-               const i8a_options *opt, float *out, void *scratch, size_t threads, size_t *bad)
+int i8a_decode(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t, size_t h,
+               const i8a_options *opt, size_t max_threads, float *out, size_t *bad)
 {
-    const size_t d = c->d, hkv = c->hkv, nq = h / hkv;
-    decode_job job = {kt, c, opt, (char *)scratch, plan(c, t, h, opt, threads), t, h, nq, NULL, out};
+    const size_t d = c->head_dim, hkv = c->n_kv_heads, nq = h / hkv;
+    I8A_EXPECT(t >= 1 && t <= c->length && h >= hkv && h % hkv == 0);
+    I8A_EXPECT(opt->scale > 0.0f && opt->scale <= FLT_MAX);
+    I8A_EXPECT(opt->q_bits == 16 || opt->q_bits == 8);
+    I8A_EXPECT(opt->window ? opt->sinks <= opt->window : opt->sinks == 0);
+    I8A_EXPECT(opt->softcap == 0.0f || (opt->softcap >= 0x1p-126f && opt->softcap <= 0x1p126f));
+    I8A_EXPECT(max_threads >= 1);
+    const layout L = plan(c, t, h, opt, max_threads);
+    if (reserve_work(c, L.end) != 0)
+        return 3;
+    decode_job job = {kt, c, opt, (char *)c->work, L, t, h, nq, out};
     int8_t *q_hi = (int8_t *)job.base, *q_lo = (int8_t *)(job.base + job.L.q_lo);
     float *c_hi = (float *)(job.base + job.L.c_hi), *c_lo = (float *)(job.base + job.L.c_lo);
     float *residual = (float *)(job.base + job.L.residual);
-    float *bias = (float *)(job.base + job.L.bias), *first = (float *)(job.base + job.L.first);
+    float *bias = (float *)(job.base + job.L.bias);
+    float *pos0_logit = (float *)(job.base + job.L.pos0_logit);
     /* |q| may reach I8A_VALUE_MAX and I8A_QSCALE_MAX / scale, whichever is lower: the largest
      * float not above it (a float q is at most x exactly when it is at most that float) */
     double most = (double)I8A_QSCALE_MAX / (double)opt->scale;
@@ -547,20 +612,17 @@ int i8a_decode(const i8a_kernels *kt, const i8a_cache *c, const float *q, size_t
             }
             /* the logit of position 0 from its float row, and the K offset's part
              * of every other logit (both q.x * scale, the dot in double) */
-            bias[r] = has_offsets(c, c->len) ? dot_scaled(qrow, c->k_off + g * d, d, opt->scale)
-                                             : 0.0f;
+            bias[r] = has_offsets(c, c->length)
+                ? dot_scaled(qrow, c->k_offset + g * d, d, opt->scale) : 0.0f;
             if (c->k_first)
-                first[r] = dot_scaled(q0, c->k_first + g * d, d, opt->scale);
+                pos0_logit[r] = dot_scaled(q0, c->k_first + g * d, d, opt->scale);
         }
     }
-    size_t *vis = (size_t *)(job.base + job.L.vis);
-    visible_chunks(c, t, opt, vis);
-    job.vis = vis;
     atomic_size_t *left = (atomic_size_t *)(job.base + job.L.left);
     for (size_t g = 0; g < hkv; g++)
         atomic_init(left + g, job.L.nvis);
     if (job.L.nvis)
-        i8a_pool_run(hkv * job.L.nvis, threads, decode_range, &job);
+        i8a_pool_run(hkv * job.L.nvis, job.L.threads, decode_range, &job);
     else                                    /* only position 0, from its float row */
         for (size_t g = 0; g < hkv; g++)
             finish_head(&job, g);
@@ -568,7 +630,7 @@ int i8a_decode(const i8a_kernels *kt, const i8a_cache *c, const float *q, size_t
 }
 
 typedef struct {
-    const i8a_kernels *kt;
+    const i8a_probe *probe;
     const i8a_cache *c;
     size_t chunks;
     _Atomic uint64_t sum;
@@ -579,26 +641,69 @@ static void stream_range(void *ctx, size_t begin, size_t end, size_t after, size
     (void)worker;
     stream_job *job = (stream_job *)ctx;
     const i8a_cache *c = job->c;
-    const i8a_stream_fn stream = job->kt->stream;
+    const i8a_stream_fn stream = job->probe->stream;
     uint64_t x = 0;
     for (size_t item = begin; item < end; item++) {
         /* the same items, ranges and prefetch of the next item as a decode */
         const i8a_span s = chunk_span(c, item / job->chunks, item % job->chunks);
         const size_t then = item + 1 < end ? item + 1 : after;
         i8a_span next = {0};                                /* no next: NULL, no prefetch */
-        if (then < c->hkv * job->chunks)
+        if (then < c->n_kv_heads * job->chunks)
             next = chunk_span(c, then / job->chunks, then % job->chunks);
-        x ^= stream(s.k, s.n * c->d, next.k);
-        x ^= stream(s.v, s.n * c->d, next.v);
+        x ^= stream(s.k, s.n * c->head_dim, next.k);
+        x ^= stream(s.v, s.n * c->head_dim, next.v);
         x ^= stream(s.ks, s.n * sizeof(float), NULL);
         x ^= stream(s.vs, s.n * sizeof(float), NULL);
     }
     atomic_fetch_xor_explicit(&job->sum, x, memory_order_relaxed);
 }
 
-uint64_t i8a_stream_read(const i8a_kernels *kt, const i8a_cache *c, size_t threads)
+uint64_t i8a_stream_read(const i8a_probe *probe, const i8a_cache *c, size_t threads)
 {
-    stream_job job = {kt, c, n_chunks(c), 0};
-    i8a_pool_run(c->hkv * job.chunks, threads, stream_range, &job);
+    stream_job job = {probe, c, n_chunks(c), 0};
+    i8a_pool_run(c->n_kv_heads * job.chunks, threads, stream_range, &job);
     return atomic_load(&job.sum);
+}
+
+void i8a_rotation_signs(uint64_t seed, size_t d, float *sign)
+{
+    uint64_t state = seed;
+    for (size_t i = 0; i < d; i++) {
+        state += 0x9E3779B97F4A7C15u;                       /* splitmix64 */
+        uint64_t z = state;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9u;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBu;
+        z ^= z >> 31;
+        sign[i] = z >> 63 ? -1.0f : 1.0f;
+    }
+}
+
+void i8a_dequantize(const i8a_kernels *kt, const i8a_cache *c, float *k, float *v)
+{
+    const size_t d = c->head_dim, hkv = c->n_kv_heads;
+    const int off = has_offsets(c, c->length);
+    for (size_t pos = 0; pos < c->length; pos++) {
+        for (size_t g = 0; g < hkv; g++) {
+            const size_t row = g * c->max_seq + pos, at = (pos * hkv + g) * d;
+            float *yk = k + at, *yv = v + at;
+            if (c->k_first && pos == 0) {
+                memcpy(yk, c->k_first + g * d, d * sizeof(float));
+                memcpy(yv, c->v_first + g * d, d * sizeof(float));
+                continue;
+            }
+            for (size_t i = 0; i < d; i++) {
+                yk[i] = (float)c->k_codes[row * d + i] * c->k_scale[row];
+                yv[i] = (float)c->v_codes[row * d + i] * c->v_scale[row];
+            }
+            if (off && pos >= 1)
+                for (size_t i = 0; i < d; i++) {
+                    yk[i] = yk[i] + c->k_offset[g * d + i];
+                    yv[i] = yv[i] + c->v_offset[g * d + i];
+                }
+            if (c->sign) {
+                kt->rotate(yk, d, c->sign, 1, yk);
+                kt->rotate(yv, d, c->sign, 1, yv);
+            }
+        }
+    }
 }

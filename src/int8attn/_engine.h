@@ -9,15 +9,17 @@
 
 #include "_simd/dispatch.h"
 
-/* The cache buffers, head-major: k[h][cap][d] int8, ks[h][cap] float; the same for v. With a
+/* The cache buffers, head-major: k_codes[head][position][i] int8 and k_scale[head][position]
+ * float; the same for V. In the comments below hkv, cap, d and len abbreviate n_kv_heads,
+ * max_seq, head_dim and length. With a
  * rotation (sign != NULL) K and V rows are stored rotated, q is rotated before the dots and
  * the output rotated back: (Rq).(Rk) = q.k and R^T sum p (R v) = sum p v.
  *
  * Keeping the first position (k_first != NULL): position 0, the attention sink, is also kept as
  * given in k_first / v_first, and decode reads it from there instead of from its codes.
  *
- * Centering (k_off != NULL, only with k_first): every row past position 0 is stored minus its
- * kv head's offset (k_off / v_off, in the stored space), which decode adds back: q.off joins
+ * Centering (k_offset != NULL, only with k_first): every row past position 0 is stored minus its
+ * kv head's offset (k_offset / v_offset, in the stored space), which decode adds back: q.off joins
  * each logit (the query's bias) and the V offset joins the output (the weights sum to 1). The
  * offsets exist once the cache holds 2 or more tokens: the append that first reaches past
  * position 0 sets them to the mean of its own rows past position 0, or to zeros when it holds
@@ -35,13 +37,19 @@
 #define I8A_QSCALE_MAX 0x1p40f
 
 typedef struct {
-    int8_t *k, *v;
-    float *ks, *vs;
-    size_t hkv, cap, d, len;
-    const float *sign;          /* [d] +-1 of the random-sign Hadamard rotation, or NULL */
-    float *k_first, *v_first;   /* [hkv][d] position 0 as appended, or NULL */
-    float *k_off, *v_off;       /* [hkv][d] the offsets, or NULL: no centering */
+    int8_t *k_codes, *v_codes;  /* [n_kv_heads][max_seq][head_dim] */
+    float *k_scale, *v_scale;   /* [n_kv_heads][max_seq] */
+    size_t n_kv_heads, max_seq, head_dim;
+    size_t length;              /* tokens stored: rows 0 .. length-1 of every head */
+    const float *sign;          /* [head_dim] +-1 of the random-sign Hadamard rotation, or NULL */
+    float *k_first, *v_first;   /* [n_kv_heads][head_dim] position 0 as appended, or NULL */
+    float *k_offset, *v_offset; /* [n_kv_heads][head_dim] the offsets, or NULL: no centering */
+    void *work;                 /* decode's workspace (64-byte aligned), grown by i8a_decode */
+    size_t work_bytes;          /* its size; 0 with work == NULL before the first decode */
 } i8a_cache;
+
+/* Free the decode workspace (the cache's other buffers belong to its owner). */
+void i8a_cache_free_work(i8a_cache *c);
 
 /* Quantize t tokens, k and v each [t][hkv][d] float32, into rows len .. len+t-1 (len itself is
  * not changed: the caller commits it; position 0's float row and the offsets written here
@@ -62,28 +70,37 @@ typedef struct {
     float softcap;      /* > 0: logits become softcap * tanh(logit / softcap); 0: off */
 } i8a_options;
 
-/* Threads worth using for a decode of t queries of h heads: at most max_threads, fewer when
- * the tokens it reads are too few to pay for waking another thread. */
+/* Threads a decode of t queries of h heads uses: at most max_threads, fewer when the tokens
+ * it reads are too few to pay for waking another thread. */
 size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
                           size_t max_threads);
 
-/* Bytes of scratch that i8a_decode needs (the caller aligns it to 64 bytes). */
-size_t i8a_decode_scratch_size(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
-                               size_t threads);
-
 /* out[t][h][d] = attention of q[t][h][d] over the cache (1 <= t <= len), query head r reading kv
- * head r / (h / hkv). The work splits into (kv head, chunk) items over up to `threads` threads;
- * each K/V row is read once for all t queries of a kv head, and chunks a query cannot see are
- * not read. Results merge in position order, so the output does not depend on the thread
- * count. opt->scale must be positive and finite. Returns 0, or with out untouched and *bad the
- * q row ([t * h + head]): 1 when the row holds a NaN, an Inf or a value beyond +-I8A_VALUE_MAX,
- * 2 when scale times the row's largest |q| exceeds I8A_QSCALE_MAX. */
-int i8a_decode(const i8a_kernels *kt, const i8a_cache *c, const float *q, size_t t, size_t h,
-               const i8a_options *opt, float *out, void *scratch, size_t threads, size_t *bad);
+ * head r / (h / hkv): the whole decode in one call, planned once. The work splits into (kv
+ * head, chunk) items over up to max_threads threads (i8a_decode_threads); each K/V row is read
+ * once for all t queries of a kv head, and chunks no query sees are not read. Results merge in
+ * position order, so the output does not depend on the thread count. The workspace is the
+ * cache's own (c->work, grown here), so one cache decodes in one thread at a time. Requires
+ * h a multiple of hkv, opt->scale positive and finite, opt->sinks <= opt->window when a window
+ * is set. Returns 0, or with out untouched: 1 or 2 with *bad the q row ([t * h + head]), 1 when
+ * it holds a NaN, an Inf or a value beyond +-I8A_VALUE_MAX, 2 when scale times its largest |q|
+ * exceeds I8A_QSCALE_MAX; 3 when the workspace cannot be allocated. */
+int i8a_decode(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t, size_t h,
+               const i8a_options *opt, size_t max_threads, float *out, size_t *bad);
+
+/* The signs [d] (+-1) of the rotation with this seed: bit 63 of successive splitmix64 outputs
+ * (part of the file format: a saved cache stores the seed, not the signs). */
+void i8a_rotation_signs(uint64_t seed, size_t d, float *sign);
+
+/* The history decode attends over, as floats: k and v [len][hkv][d] float32 each, row = code *
+ * scale (float32), plus the offset when the cache holds them, rotated back (the tier's inverse
+ * rotation, in place: the same bits on every tier); with a kept first position, position 0 is
+ * its float row. */
+void i8a_dequantize(const i8a_kernels *kt, const i8a_cache *c, float *k, float *v);
 
 /* Read every byte a decode of the whole cache reads (K and V codes and scales of every kv head
  * and token), split over `threads` threads like a decode: the bandwidth probe of the benchmarks.
  * Returns a checksum so the reads cannot be optimized away. */
-uint64_t i8a_stream_read(const i8a_kernels *kt, const i8a_cache *c, size_t threads);
+uint64_t i8a_stream_read(const i8a_probe *probe, const i8a_cache *c, size_t threads);
 
 #endif

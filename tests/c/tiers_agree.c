@@ -31,16 +31,16 @@ static int run_case(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
     for (size_t i = 0; i < d; i++)
         sign[i] = (i * 2654435761u) & 64 ? -1.0f : 1.0f;
     i8a_cache c = {0};
-    c.hkv = hkv, c.cap = len, c.d = d, c.len = 0;
+    c.n_kv_heads = hkv, c.max_seq = len, c.head_dim = d, c.length = 0;
     c.sign = len % 4 == 1 ? sign : NULL;        /* the rotation on a quarter of the cases */
     /* position 0 kept as floats on two thirds of the cases, and the offsets on half of those */
     float *centering = len % 3 ? malloc(4 * hkv * d * sizeof(float)) : NULL;
     if (centering)
         c.k_first = centering, c.v_first = centering + hkv * d;
     if (len % 3 == 2)
-        c.k_off = centering + 2 * hkv * d, c.v_off = centering + 3 * hkv * d;
-    c.k = malloc(hkv * len * d), c.v = malloc(hkv * len * d);
-    c.ks = malloc(hkv * len * sizeof(float)), c.vs = malloc(hkv * len * sizeof(float));
+        c.k_offset = centering + 2 * hkv * d, c.v_offset = centering + 3 * hkv * d;
+    c.k_codes = malloc(hkv * len * d), c.v_codes = malloc(hkv * len * d);
+    c.k_scale = malloc(hkv * len * sizeof(float)), c.v_scale = malloc(hkv * len * sizeof(float));
     float *k = malloc(len * hkv * d * sizeof(float)), *v = malloc(len * hkv * d * sizeof(float));
     float *q = malloc(h * d * sizeof(float));
     uint64_t seed = rng;
@@ -52,14 +52,14 @@ static int run_case(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
     size_t bad = 0;
     /* position 0 alone first, then the rest (the offsets come from the second append) */
     int rc = i8a_append(kt, &c, k, v, 1, &bad);
-    c.len = 1;
+    c.length = 1;
     rc |= len > 1 ? i8a_append(kt, &c, k + hkv * d, v + hkv * d, len - 1, &bad) : 0;
-    c.len = len;
+    c.length = len;
     const size_t threads = 1 + (len % 3);      /* 1..3 threads: the output must not care */
     const i8a_options opt = {0.125f, q_bits, 0, 0, len % 2 ? 0.0f : 5.0f};   /* softcap on half */
-    void *scratch = aligned_alloc(64, (i8a_decode_scratch_size(&c, 1, h, &opt, threads) + 63) & ~(size_t)63);
-    rc |= i8a_decode(kt, &c, q, 1, h, &opt, out, scratch, threads, &bad);
-    free(scratch), free(k), free(v), free(q), free(c.k), free(c.v), free(c.ks), free(c.vs);
+    rc |= i8a_decode(kt, &c, q, 1, h, &opt, threads, out, &bad);
+    i8a_cache_free_work(&c);
+    free(k), free(v), free(q), free(c.k_codes), free(c.v_codes), free(c.k_scale), free(c.v_scale);
     free(centering);
     return rc;
 }

@@ -109,13 +109,6 @@ static inline void i8a_dot2_avx2(const int8_t *qh, const int8_t *ql, const int8_
     *dl = two ? i8a_hsum8_epi32_avx2(al) : 0;
 }
 
-static void i8a_dots_avx2(const int8_t *q, const int8_t *k, size_t n, size_t d, int32_t *out)
-{
-    int32_t unused;
-    for (size_t s = 0; s < n; s++)
-        i8a_dot2_avx2(q, q, k + s * d, d, 0, out + s, &unused);
-}
-
 /* The exp's polynomial on 8 lanes, the operations of i8a_exp_poly_scalar. */
 static inline __m256 i8a_exp_poly8_avx2(__m256 x, __m256 *n_out)
 {
@@ -371,18 +364,16 @@ static void i8a_attend_avx2(const i8a_query *q, const i8a_span *kv, float *scrat
     i8a_accumulate_v_avx2(scratch, nq, kv, d, out->o);
 }
 
-static void i8a_merge_avx2(const i8a_state *run, const i8a_state *chunk, size_t nq, size_t d)
+static void i8a_merge_avx2(const i8a_state *run, const i8a_state *chunk, size_t d)
 {
-    for (size_t j = 0; j < nq; j++) {
-        float a, b;
-        i8a_merge_head(run, chunk, j, &a, &b);
-        float *ro = run->o + j * d;
-        const float *co = chunk->o + j * d;
-        const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
-        for (size_t i = 0; i < d; i += 8) {
-            __m256 r = _mm256_mul_ps(_mm256_loadu_ps(ro + i), va);
-            _mm256_storeu_ps(ro + i, _mm256_fmadd_ps(_mm256_loadu_ps(co + i), vb, r));
-        }
+    float a, b;
+    i8a_merge_head(run, chunk, &a, &b);
+    float *ro = run->o;
+    const float *co = chunk->o;
+    const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
+    for (size_t i = 0; i < d; i += 8) {
+        __m256 r = _mm256_mul_ps(_mm256_loadu_ps(ro + i), va);
+        _mm256_storeu_ps(ro + i, _mm256_fmadd_ps(_mm256_loadu_ps(co + i), vb, r));
     }
 }
 
@@ -418,7 +409,7 @@ static inline __m256 i8a_rot_lanes_avx2(__m256 v, __m256i idx, __m256 hi)
 }
 
 /* Stage h (in registers) over the n registers of a group: (r[j], r[j + h]) for j & h == 0. */
-static inline __attribute__((always_inline)) void i8a_rot_regs_avx2(__m256 *r, int n, int h)
+I8A_INLINE void i8a_rot_regs_avx2(__m256 *r, int n, int h)
 {
 #pragma GCC unroll 8
     for (int j = 0; j < n; j++)
@@ -429,7 +420,7 @@ static inline __attribute__((always_inline)) void i8a_rot_regs_avx2(__m256 *r, i
         }
 }
 
-static inline __attribute__((always_inline)) void
+I8A_INLINE void
 i8a_rot_groups_avx2(const float *in, size_t d, const float *sign, int inverse, int n, int whole,
                     __m256 scale, float *x)
 {

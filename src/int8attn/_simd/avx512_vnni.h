@@ -68,24 +68,6 @@ static inline int32_t i8a_qsum_avx512_vnni(const int8_t *q, size_t d)
     return _mm512_reduce_add_epi32(acc);
 }
 
-static inline int32_t i8a_dot_avx512_vnni(const int8_t *q, const int8_t *k, size_t d, int32_t corr)
-{
-    const __m512i bias = _mm512_set1_epi8((char)0x80);
-    __m512i acc = _mm512_setzero_si512();
-    for (size_t i = 0; i < d; i += 64) {
-        __m512i ku = _mm512_xor_si512(i8a_load64_avx512_vnni(k, i, d), bias);
-        acc = _mm512_dpbusd_epi32(acc, ku, i8a_load64_avx512_vnni(q, i, d));
-    }
-    return _mm512_reduce_add_epi32(acc) - corr;
-}
-
-static void i8a_dots_avx512_vnni(const int8_t *q, const int8_t *k, size_t n, size_t d, int32_t *out)
-{
-    const int32_t corr = 128 * i8a_qsum_avx512_vnni(q, d);
-    for (size_t s = 0; s < n; s++)
-        out[s] = i8a_dot_avx512_vnni(q, k + s * d, d, corr);
-}
-
 /* Bytes [i, i + 32) of a row of d bytes, zeros past d (d a multiple of 16). */
 static inline __m256i i8a_load32_avx512_vnni(const int8_t *p, size_t i, size_t d)
 {
@@ -371,18 +353,16 @@ static void i8a_attend_avx512_vnni(const i8a_query *q, const i8a_span *kv, float
     }
 }
 
-static void i8a_merge_avx512_vnni(const i8a_state *run, const i8a_state *chunk, size_t nq, size_t d)
+static void i8a_merge_avx512_vnni(const i8a_state *run, const i8a_state *chunk, size_t d)
 {
-    for (size_t j = 0; j < nq; j++) {
-        float a, b;
-        i8a_merge_head(run, chunk, j, &a, &b);
-        float *ro = run->o + j * d;
-        const float *co = chunk->o + j * d;
-        const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
-        for (size_t i = 0; i < d; i += 16) {
-            __m512 r = _mm512_mul_ps(_mm512_loadu_ps(ro + i), va);
-            _mm512_storeu_ps(ro + i, _mm512_fmadd_ps(_mm512_loadu_ps(co + i), vb, r));
-        }
+    float a, b;
+    i8a_merge_head(run, chunk, &a, &b);
+    float *ro = run->o;
+    const float *co = chunk->o;
+    const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
+    for (size_t i = 0; i < d; i += 16) {
+        __m512 r = _mm512_mul_ps(_mm512_loadu_ps(ro + i), va);
+        _mm512_storeu_ps(ro + i, _mm512_fmadd_ps(_mm512_loadu_ps(co + i), vb, r));
     }
 }
 
@@ -412,14 +392,14 @@ static uint64_t i8a_stream_avx512_vnni(const void *p, size_t bytes, const void *
  * lanes with bit h set take partner - self, the others self + partner), then h = 16 .. between
  * registers. Wider stages (blocks over 128) are common.h's passes over memory. */
 /* One stage inside a register: partner lane i ^ h (idx), lanes in hi take partner - self. */
-static inline __m512 i8a_rot_lanes_avx512(__m512 v, __m512i idx, __mmask16 hi)
+static inline __m512 i8a_rot_lanes_avx512_vnni(__m512 v, __m512i idx, __mmask16 hi)
 {
     const __m512 p = _mm512_permutexvar_ps(idx, v);
     return _mm512_mask_sub_ps(_mm512_add_ps(v, p), hi, p, v);
 }
 
 /* Stage h (in registers) over the n registers of a group: (r[j], r[j + h]) for j & h == 0. */
-static inline __attribute__((always_inline)) void i8a_rot_regs_avx512(__m512 *r, int n, int h)
+I8A_INLINE void i8a_rot_regs_avx512_vnni(__m512 *r, int n, int h)
 {
 #pragma GCC unroll 8
     for (int j = 0; j < n; j++)
@@ -430,8 +410,8 @@ static inline __attribute__((always_inline)) void i8a_rot_regs_avx512(__m512 *r,
         }
 }
 
-static inline __attribute__((always_inline)) void
-i8a_rot_groups_avx512(const float *in, size_t d, const float *sign, int inverse, int n,
+I8A_INLINE void
+i8a_rot_groups_avx512_vnni(const float *in, size_t d, const float *sign, int inverse, int n,
                       int whole, __m512 scale, float *x)
 {
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -446,17 +426,17 @@ i8a_rot_groups_avx512(const float *in, size_t d, const float *sign, int inverse,
             __m512 v = _mm512_loadu_ps(in + g + 16 * j);
             if (!inverse)
                 v = _mm512_mul_ps(v, _mm512_loadu_ps(sign + g + 16 * j));
-            v = i8a_rot_lanes_avx512(v, i1, 0xAAAA);
-            v = i8a_rot_lanes_avx512(v, i2, 0xCCCC);
-            v = i8a_rot_lanes_avx512(v, i4, 0xF0F0);
-            r[j] = i8a_rot_lanes_avx512(v, i8, 0xFF00);
+            v = i8a_rot_lanes_avx512_vnni(v, i1, 0xAAAA);
+            v = i8a_rot_lanes_avx512_vnni(v, i2, 0xCCCC);
+            v = i8a_rot_lanes_avx512_vnni(v, i4, 0xF0F0);
+            r[j] = i8a_rot_lanes_avx512_vnni(v, i8, 0xFF00);
         }
         if (n > 1)
-            i8a_rot_regs_avx512(r, n, 1);
+            i8a_rot_regs_avx512_vnni(r, n, 1);
         if (n > 2)
-            i8a_rot_regs_avx512(r, n, 2);
+            i8a_rot_regs_avx512_vnni(r, n, 2);
         if (n > 4)
-            i8a_rot_regs_avx512(r, n, 4);
+            i8a_rot_regs_avx512_vnni(r, n, 4);
 #pragma GCC unroll 8
         for (int j = 0; j < n; j++) {
             if (whole) {
@@ -475,11 +455,11 @@ static void i8a_rotate_avx512_vnni(const float *in, size_t d, const float *sign,
     const size_t block = d & (~d + 1);                  /* >= 16: d is a multiple of 16 */
     const __m512 scale = _mm512_set1_ps(1.0f / sqrtf((float)block));
     switch (block) {
-    case 16: i8a_rot_groups_avx512(in, d, sign, inverse, 1, 1, scale, x); return;
-    case 32: i8a_rot_groups_avx512(in, d, sign, inverse, 2, 1, scale, x); return;
-    case 64: i8a_rot_groups_avx512(in, d, sign, inverse, 4, 1, scale, x); return;
-    case 128: i8a_rot_groups_avx512(in, d, sign, inverse, 8, 1, scale, x); return;
-    default: i8a_rot_groups_avx512(in, d, sign, inverse, 8, 0, scale, x);
+    case 16: i8a_rot_groups_avx512_vnni(in, d, sign, inverse, 1, 1, scale, x); return;
+    case 32: i8a_rot_groups_avx512_vnni(in, d, sign, inverse, 2, 1, scale, x); return;
+    case 64: i8a_rot_groups_avx512_vnni(in, d, sign, inverse, 4, 1, scale, x); return;
+    case 128: i8a_rot_groups_avx512_vnni(in, d, sign, inverse, 8, 1, scale, x); return;
+    default: i8a_rot_groups_avx512_vnni(in, d, sign, inverse, 8, 0, scale, x);
     }
     i8a_rotate_stages(x, d, sign, inverse, 128);
 }

@@ -217,17 +217,17 @@ static inline float i8a_logit_capped(int32_t dh, int32_t dl, float c_hi, float c
     return cap > 0.0f ? i8a_softcap(lg, cap, inv_cap) : lg;
 }
 
-/* The scalar part of merging a chunk's state into the running one, for query head j: updates
- * m and l and returns the factors for o: o = o * a + chunk_o * b (the product by b fused). */
-static inline void i8a_merge_head(const i8a_state *run, const i8a_state *chunk, size_t j,
-                                  float *a, float *b)
+/* The scalar part of merging a chunk's state into the running one (one query row): updates m
+ * and l and returns the factors for o: o = o * a + chunk_o * b (the product by b fused). */
+static inline void i8a_merge_head(const i8a_state *run, const i8a_state *chunk, float *a,
+                                  float *b)
 {
-    float m0 = run->m[j], m1 = chunk->m[j];
+    float m0 = run->m[0], m1 = chunk->m[0];
     float m = m1 > m0 ? m1 : m0;
     *a = i8a_exp_scalar(m0 - m);
     *b = i8a_exp_scalar(m1 - m);
-    run->l[j] = fmaf(chunk->l[j], *b, run->l[j] * *a);
-    run->m[j] = m;
+    run->l[0] = fmaf(chunk->l[0], *b, run->l[0] * *a);
+    run->m[0] = m;
 }
 
 /* The tail of a stream fold: the bytes past the last whole 8-byte word. */

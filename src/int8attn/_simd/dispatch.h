@@ -1,8 +1,11 @@
 /* The kernel table: every tier fills one i8a_kernels with functions of these signatures.
  *
- * Names follow i8a_<op>_<tier>, tier in {scalar, neon, neon_dotprod, avx2, avx512_vnni}. The front end only
- * calls through a table; it validates every argument first, so kernels assume their
- * preconditions (written next to each signature) and never check them.
+ * Every function of _simd/<tier>.h is named i8a_<name>_<tier>, tier in {scalar, neon,
+ * neon_dotprod, avx2, avx512_vnni} (.ci/check_isa.py checks it). The engine only calls through
+ * a table; the front end validates every argument first, so kernels assume their preconditions
+ * (written next to each signature) and never check them in a release build. A build with
+ * -DI8A_CHECK_PRECONDITIONS (the C cross-check's) checks them at the engine's calls with
+ * I8A_EXPECT and aborts with the failed condition.
  */
 #ifndef I8A_DISPATCH_H
 #define I8A_DISPATCH_H
@@ -14,6 +17,17 @@
  * Part of the math contract: it fixes the floating-point order of every tier. */
 #define I8A_CHUNK 256
 #define I8A_MAX_HEAD_DIM 1024
+
+#ifdef I8A_CHECK_PRECONDITIONS
+#include <stdio.h>
+#include <stdlib.h>
+#define I8A_EXPECT(cond)                                                                     \
+    ((cond) ? (void)0                                                                        \
+            : (fprintf(stderr, "%s:%d: precondition failed: %s\n", __FILE__, __LINE__, #cond), \
+               abort()))
+#else
+#define I8A_EXPECT(cond) ((void)0)
+#endif
 
 /* Query side of one GQA group: nq query rows that read the same kv head (the heads of the
  * group, for one or more query positions). */
@@ -53,23 +67,15 @@ typedef struct {
  * holds a NaN or an infinity (codes and scale are then unspecified). d >= 1, any alignment. */
 typedef int (*i8a_quantize_row_fn)(const float *x, size_t d, int8_t *codes, float *scale);
 
-/* Exact int32 dots of one int8 row q[d] with n rows k[n][d]: out[s] = sum_i q[i] * k[s][i].
- * d a multiple of 16, at most 1024; values in [-127, 127] (so no int16 step saturates). */
-typedef void (*i8a_dots_fn)(const int8_t *q, const int8_t *k, size_t n, size_t d, int32_t *out);
-
 /* Attend a query group to one chunk: writes out->m, out->l, out->o for the chunk alone.
  * scratch: at least 2 * nq * I8A_CHUNK floats, 64-byte aligned. */
 typedef void (*i8a_attend_fn)(const i8a_query *q, const i8a_span *kv, float *scratch,
                               const i8a_state *out);
 
-/* Fold a chunk's state into a running state (the running one covers the earlier tokens):
- * m = max(m, cm); l = l*a + cl*b; o = o*a + co*b, a = exp(m_old - m), b = exp(cm - m). */
-typedef void (*i8a_merge_fn)(const i8a_state *run, const i8a_state *chunk, size_t nq, size_t d);
-
-/* XOR-fold of every byte of p[0 .. bytes): reads memory as fast as the tier can stream it (the
- * bandwidth probe of the benchmarks). Any alignment, any length. While reading it prefetches
- * next[0 .. bytes) the way attend prefetches the next chunk (next may be NULL). */
-typedef uint64_t (*i8a_stream_fn)(const void *p, size_t bytes, const void *next);
+/* Fold a chunk's state into a running state, one query row (the running one covers the
+ * earlier tokens): m = max(m, cm); l = l*a + cl*b; o = o*a + co*b, a = exp(m_old - m),
+ * b = exp(cm - m). d a multiple of 16, at most I8A_MAX_HEAD_DIM. */
+typedef void (*i8a_merge_fn)(const i8a_state *run, const i8a_state *chunk, size_t d);
 
 /* The cache's rotation (common.h) of the row x [d] into y [d]: d a multiple of 16, sign [d] of
  * +-1; y may be x (in place), otherwise the two must not overlap. */
@@ -79,12 +85,20 @@ typedef struct {
     const char *name;
     unsigned requires;               /* I8A_CPU_* bits the tier needs */
     i8a_quantize_row_fn quantize_row;
-    i8a_dots_fn dots;
     i8a_attend_fn attend;
     i8a_merge_fn merge;
-    i8a_stream_fn stream;
     i8a_rotate_fn rotate;
 } i8a_kernels;
+
+/* XOR-fold of every byte of p[0 .. bytes): reads memory as fast as the tier can stream it (the
+ * bandwidth probe of the benchmarks). Any alignment, any length. While reading it prefetches
+ * next[0 .. bytes) the way attend prefetches the next chunk (next may be NULL). */
+typedef uint64_t (*i8a_stream_fn)(const void *p, size_t bytes, const void *next);
+typedef struct {
+    const char *name;                /* the tier whose loads it uses */
+    unsigned requires;
+    i8a_stream_fn stream;
+} i8a_probe;
 
 /* CPU feature bits, filled by i8a_cpu_features() in _cpu.c. */
 #define I8A_CPU_AVX2 (1u << 0)          /* AVX2 + FMA, YMM state enabled by the OS */
@@ -96,5 +110,9 @@ unsigned i8a_cpu_features(void);
 
 /* Tiers compiled into this build, best first, terminated by a NULL name. */
 extern const i8a_kernels i8a_tiers[];
+
+/* The benchmarks' bandwidth probe of each tier, in the order of i8a_tiers (not part of a decode,
+ * so not in the tier table). */
+extern const i8a_probe i8a_probes[];
 
 #endif

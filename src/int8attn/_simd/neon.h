@@ -59,7 +59,7 @@ I8A_INLINE int32x4_t i8a_dot16_neon(int32x4_t acc, int8x16_t a, int8x16_t b)
 typedef int32x4_t (*i8a_dot16_neon_fn)(int32x4_t acc, int8x16_t a, int8x16_t b);
 
 /* Dots of two q planes with one k row (k loaded once), with the given 16-byte dot step. */
-I8A_INLINE void i8a_dot2_neon_with(i8a_dot16_neon_fn dot16, const int8_t *qh, const int8_t *ql,
+I8A_INLINE void i8a_dot2_with_neon(i8a_dot16_neon_fn dot16, const int8_t *qh, const int8_t *ql,
                                    const int8_t *k, size_t d, int two, int32_t *dh, int32_t *dl)
 {
     int32x4_t ah = vdupq_n_s32(0), al = vdupq_n_s32(0);
@@ -71,13 +71,6 @@ I8A_INLINE void i8a_dot2_neon_with(i8a_dot16_neon_fn dot16, const int8_t *qh, co
     }
     *dh = vaddvq_s32(ah);
     *dl = two ? vaddvq_s32(al) : 0;
-}
-
-static void i8a_dots_neon(const int8_t *q, const int8_t *k, size_t n, size_t d, int32_t *out)
-{
-    int32_t unused;
-    for (size_t s = 0; s < n; s++)
-        i8a_dot2_neon_with(i8a_dot16_neon, q, q, k + s * d, d, 0, out + s, &unused);
 }
 
 /* The exp's polynomial on 4 lanes, the operations of i8a_exp_poly_scalar
@@ -159,7 +152,7 @@ I8A_INLINE float i8a_softmax_neon(float *p, size_t n, float m)
 /* Exact dots of every query head's planes with rows [0, n) of the chunk, four rows at a time
  * (the rows of a group stay in L1 while each head passes over them), with the given 16-byte
  * dot step; prefetches the next chunk's K one group of rows per group. */
-I8A_INLINE void i8a_kdots_neon_with(i8a_dot16_neon_fn dot16, const i8a_query *q,
+I8A_INLINE void i8a_kdots_with_neon(i8a_dot16_neon_fn dot16, const i8a_query *q,
                                     const i8a_span *kv, int32_t *dh, int32_t *dl)
 {
     const size_t d = q->d, n = kv->n;
@@ -193,7 +186,7 @@ I8A_INLINE void i8a_kdots_neon_with(i8a_dot16_neon_fn dot16, const i8a_query *q,
     }
     for (; s < n; s++)
         for (size_t j = 0; j < q->nq; j++)
-            i8a_dot2_neon_with(dot16, q->q_hi + j * d, q->q_lo + j * d, kv->k + s * d, d, two,
+            i8a_dot2_with_neon(dot16, q->q_hi + j * d, q->q_lo + j * d, kv->k + s * d, d, two,
                                dh + j * I8A_CHUNK + s, dl + j * I8A_CHUNK + s);
 }
 
@@ -272,14 +265,14 @@ I8A_INLINE void i8a_v_group_neon(const float *w, int nh, const int8_t *v, size_t
 }
 
 /* The attend of both aarch64 tiers; only the 16-byte dot step differs. */
-I8A_INLINE void i8a_attend_neon_with(i8a_dot16_neon_fn dot16, const i8a_query *q,
+I8A_INLINE void i8a_attend_with_neon(i8a_dot16_neon_fn dot16, const i8a_query *q,
                                      const i8a_span *kv, float *scratch, const i8a_state *out)
 {
     const size_t d = q->d, n = kv->n, nq = q->nq;
     /* dh in the second half of the scratch, dl in the first: head j's logits overwrite its
      * own dl element by element, each read before it is written */
     int32_t *dh = (int32_t *)(scratch + nq * I8A_CHUNK), *dl = (int32_t *)scratch;
-    i8a_kdots_neon_with(dot16, q, kv, dh, dl);
+    i8a_kdots_with_neon(dot16, q, kv, dh, dl);
     for (size_t j = 0; j < nq; j++) {
         float *p = scratch + j * I8A_CHUNK;
         const float m = i8a_logits_neon(dh + j * I8A_CHUNK, dl + j * I8A_CHUNK, q->c_hi[j],
@@ -309,19 +302,17 @@ I8A_INLINE void i8a_attend_neon_with(i8a_dot16_neon_fn dot16, const i8a_query *q
 static void i8a_attend_neon(const i8a_query *q, const i8a_span *kv, float *scratch,
                             const i8a_state *out)
 {
-    i8a_attend_neon_with(i8a_dot16_neon, q, kv, scratch, out);
+    i8a_attend_with_neon(i8a_dot16_neon, q, kv, scratch, out);
 }
 
-static void i8a_merge_neon(const i8a_state *run, const i8a_state *chunk, size_t nq, size_t d)
+static void i8a_merge_neon(const i8a_state *run, const i8a_state *chunk, size_t d)
 {
-    for (size_t j = 0; j < nq; j++) {
-        float a, b;
-        i8a_merge_head(run, chunk, j, &a, &b);
-        float *ro = run->o + j * d;
-        const float *co = chunk->o + j * d;
-        for (size_t i = 0; i < d; i += 4)
-            vst1q_f32(ro + i, vfmaq_n_f32(vmulq_n_f32(vld1q_f32(ro + i), a), vld1q_f32(co + i), b));
-    }
+    float a, b;
+    i8a_merge_head(run, chunk, &a, &b);
+    float *ro = run->o;
+    const float *co = chunk->o;
+    for (size_t i = 0; i < d; i += 4)
+        vst1q_f32(ro + i, vfmaq_n_f32(vmulq_n_f32(vld1q_f32(ro + i), a), vld1q_f32(co + i), b));
 }
 
 static uint64_t i8a_stream_neon(const void *p, size_t bytes, const void *next)
@@ -352,7 +343,7 @@ static inline float32x4_t i8a_rot_lanes_neon(float32x4_t v, float32x4_t p, uint3
 }
 
 /* Stage h (in registers) over the n registers of a group: (r[j], r[j + h]) for j & h == 0. */
-static inline __attribute__((always_inline)) void i8a_rot_regs_neon(float32x4_t *r, int n, int h)
+I8A_INLINE void i8a_rot_regs_neon(float32x4_t *r, int n, int h)
 {
 #pragma GCC unroll 16
     for (int j = 0; j < n; j++)
@@ -363,7 +354,7 @@ static inline __attribute__((always_inline)) void i8a_rot_regs_neon(float32x4_t 
         }
 }
 
-static inline __attribute__((always_inline)) void
+I8A_INLINE void
 i8a_rot_groups_neon(const float *in, size_t d, const float *sign, int inverse, int n, int whole,
                     float32x4_t scale, float *x)
 {

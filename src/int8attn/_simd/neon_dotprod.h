@@ -19,17 +19,10 @@ I8A_INLINE int32x4_t i8a_dot16_neon_dotprod(int32x4_t acc, int8x16_t a, int8x16_
     return vdotq_s32(acc, a, b);
 }
 
-static void i8a_dots_neon_dotprod(const int8_t *q, const int8_t *k, size_t n, size_t d, int32_t *out)
-{
-    int32_t unused;
-    for (size_t s = 0; s < n; s++)
-        i8a_dot2_neon_with(i8a_dot16_neon_dotprod, q, q, k + s * d, d, 0, out + s, &unused);
-}
-
 static void i8a_attend_neon_dotprod(const i8a_query *q, const i8a_span *kv, float *scratch,
                                     const i8a_state *out)
 {
-    i8a_attend_neon_with(i8a_dot16_neon_dotprod, q, kv, scratch, out);
+    i8a_attend_with_neon(i8a_dot16_neon_dotprod, q, kv, scratch, out);
 }
 
 #if defined(__clang__)

@@ -27,12 +27,6 @@ static inline int32_t i8a_dot_scalar(const int8_t *a, const int8_t *b, size_t d)
     return acc;
 }
 
-static void i8a_dots_scalar(const int8_t *q, const int8_t *k, size_t n, size_t d, int32_t *out)
-{
-    for (size_t s = 0; s < n; s++)
-        out[s] = i8a_dot_scalar(q, k + s * d, d);
-}
-
 /* Each query head against a chunk, in the contract's order:
  *   logit[s] by i8a_logit_capped (common.h);  m = max_s logit[s];
  *   p[s] = exp(logit[s] - m);  l = the 16-lane sum of p (common.h)
@@ -74,16 +68,14 @@ static void i8a_attend_scalar(const i8a_query *q, const i8a_span *kv, float *scr
     }
 }
 
-static void i8a_merge_scalar(const i8a_state *run, const i8a_state *chunk, size_t nq, size_t d)
+static void i8a_merge_scalar(const i8a_state *run, const i8a_state *chunk, size_t d)
 {
-    for (size_t j = 0; j < nq; j++) {
-        float a, b;
-        i8a_merge_head(run, chunk, j, &a, &b);
-        float *ro = run->o + j * d;
-        const float *co = chunk->o + j * d;
-        for (size_t i = 0; i < d; i++)
-            ro[i] = fmaf(co[i], b, ro[i] * a);
-    }
+    float a, b;
+    i8a_merge_head(run, chunk, &a, &b);
+    float *ro = run->o;
+    const float *co = chunk->o;
+    for (size_t i = 0; i < d; i++)
+        ro[i] = fmaf(co[i], b, ro[i] * a);
 }
 
 static uint64_t i8a_stream_scalar(const void *p, size_t bytes, const void *next)

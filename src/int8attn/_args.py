@@ -1,0 +1,269 @@
+"""Argument conversion and validation for the compiled front end (``_cache``).
+
+Every function here either returns what C can take (C-contiguous, aligned float32 arrays and
+plain ints and floats) or raises TypeError / ValueError naming the argument, the expected and
+the actual value. ``_cache`` calls them with the cache's busy flag held: converting an argument
+can run Python code (``__index__``, ``__float__``, an ndarray subclass), which can let another
+thread in, so what they check against must not change meanwhile.
+"""
+
+import inspect
+import math
+
+import numpy as np
+
+from . import _format as F
+
+INT_MAX = (1 << 63) - 1                  # what any count of the cache fits in
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+# -- scalars ------------------------------------------------------------------------------
+
+def as_int(value, name):
+    """value as a Python int (anything with __index__ but bool), or TypeError naming it."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    return value.__index__()
+
+
+def int_from(value, name, low):
+    """as_int(value), at least `low` and at most 2**63 - 1."""
+    value = as_int(value, name)
+    if value < low:
+        raise ValueError(f"{name} must be {'positive' if low == 1 else f'at least {low}'}, "
+                         f"got {value}")
+    if value > INT_MAX:
+        raise ValueError(f"{name} must be at most 2**63 - 1, got {value}")
+    return value
+
+
+def positive_float(value, name):
+    """value as a float, finite and above 0 also in float32 (the kernels' type)."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}") from None
+    if not abs(x) <= _FLOAT32_MAX:
+        raise ValueError(f"{name} must be finite in float32, got {value!r}")
+    if not x > 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    if np.float32(x) == 0:
+        raise ValueError(f"{name} must be positive in float32, got {value!r} (rounds to 0)")
+    return x
+
+
+def as_bool(value, name):
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__}")
+    return value
+
+
+# -- arrays -------------------------------------------------------------------------------
+
+def is_torch(x):
+    return type(x).__module__.partition(".")[0] == "torch"
+
+
+def as_float32(x, name):
+    """x as a float32 numpy array (no copy when it already is one), or TypeError naming `name`.
+    Values beyond float32's range become inf, which the kernels then reject."""
+    if is_torch(x):
+        x = _torch_to_numpy(x, name)
+    if isinstance(x, np.ndarray):
+        a = x
+    else:
+        try:
+            a = np.asarray(x)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"{name} must be a float array-like, got {type(x).__name__}: {e}") from None
+    if a.dtype.kind not in "fiu":
+        raise TypeError(f"{name} must hold real numbers (float32 preferred), got dtype {a.dtype}")
+    if a.dtype != np.float32:
+        with np.errstate(over="ignore", invalid="ignore"):
+            a = a.astype(np.float32)
+    return a
+
+
+def _torch_to_numpy(t, name):
+    """A torch tensor as numpy, without a copy when it is a CPU float32 tensor (bfloat16 and the
+    other float types numpy lacks are converted first)."""
+    import torch
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} must be a CPU tensor, got one on device {t.device}")
+    t = t.detach()
+    if t.is_floating_point() and t.dtype != torch.float32:
+        t = t.float()
+    return t.numpy()
+
+
+def c_aligned(a):
+    """a as a C-contiguous array whose items sit on their natural alignment (a itself when it is
+    one: a buffer at an odd address, from a bytes object or a packed record, is copied)."""
+    flags = a.flags
+    if flags.c_contiguous and flags.aligned:
+        return a
+    return np.array(a, order="C")
+
+
+def bad_row_message(name, x, where):
+    """Why row x (float32, of argument `name`) is refused: NaN/Inf, or beyond VALUE_MAX."""
+    if not np.all(np.isfinite(x)):
+        return f"{name} holds NaN or Inf, or a value beyond float32 range ({where})"
+    worst = float(np.max(np.abs(x)))
+    return (f"{name} holds {worst:.3g} ({where}), beyond +-2**64 ({F.VALUE_MAX:.3g}), the largest "
+            f"magnitude the cache format takes")
+
+
+# -- the constructor ----------------------------------------------------------------------
+
+def _constructor(n_kv_heads, max_seq, head_dim, *, rotate=F.DEFAULT["rotate"], rotation_seed=0,
+                 keep_first=F.DEFAULT["keep_first"], center=None):
+    """Int8KVCache's signature (its C-level constructor takes any arguments)."""
+
+
+SIGNATURE = inspect.signature(_constructor)
+
+
+def constructor(args, kwargs):
+    """Int8KVCache's arguments, checked: (n_kv_heads, max_seq, head_dim, rotate, rotation_seed,
+    keep_first, center)."""
+    try:
+        bound = SIGNATURE.bind(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"Int8KVCache(): {e} (n_kv_heads, max_seq and head_dim are positional, "
+                        f"the options keyword-only)") from None
+    bound.apply_defaults()
+    a = bound.arguments
+    hkv = int_from(a["n_kv_heads"], "n_kv_heads", 1)
+    cap = int_from(a["max_seq"], "max_seq", 1)
+    d = int_from(a["head_dim"], "head_dim", 1)
+    if d % 16 != 0 or d > F.MAX_HEAD_DIM:
+        raise ValueError(f"head_dim must be a multiple of 16 and at most {F.MAX_HEAD_DIM}, got {d}")
+    rotate = as_bool(a["rotate"], "rotate")
+    keep_first = as_bool(a["keep_first"], "keep_first")
+    center = keep_first if a["center"] is None else as_bool(a["center"], "center")
+    seed = as_int(a["rotation_seed"], "rotation_seed")
+    if not 0 <= seed < 1 << 64:
+        raise ValueError(f"rotation_seed must be from 0 to 2**64 - 1, got {seed}")
+    if center and not keep_first:
+        raise ValueError("center=True needs keep_first=True: the offsets come from the rows "
+                         "past position 0, so position 0 is kept as floats")
+    need = 2 * hkv * cap * (d + 4) + 4 * hkv * d * 4
+    if need > INT_MAX:
+        raise ValueError(f"max_seq={cap} with n_kv_heads={hkv}, head_dim={d} needs {need} "
+                         f"bytes of buffers, more than this platform can address")
+    return hkv, cap, d, rotate, seed, keep_first, center
+
+
+# -- append and decode --------------------------------------------------------------------
+
+def append(k, v, hkv, d, length, cap):
+    """k and v as aligned C-contiguous float32 [T, Hkv, D] (T may be 0)."""
+    ka = as_float32(k, "k")
+    va = as_float32(v, "v")
+    if ka.ndim not in (2, 3) or ka.shape[ka.ndim - 2:] != (hkv, d):
+        raise ValueError(f"k must have shape [Hkv, D] or [T, Hkv, D] with Hkv={hkv}, D={d}; "
+                         f"got {list(ka.shape)}")
+    if va.shape != ka.shape:
+        raise ValueError(f"v must have the shape of k, {list(ka.shape)}; got {list(va.shape)}")
+    if ka.ndim == 2:
+        ka, va = ka[None], va[None]
+    t = ka.shape[0]
+    if length + t > cap:
+        raise ValueError(f"appending {t} token(s) to a cache holding {length} would exceed "
+                         f"max_seq={cap}; nothing was appended")
+    return c_aligned(ka), c_aligned(va)
+
+
+def decode(q, scale, q_bits, out, window, sinks, softcap, length, hkv, d, cap):
+    """The decode's arguments, checked: (q as aligned C-contiguous float32 [T, H, D] or
+    [H, D], out as a writable float32 array of q's shape, what decode returns, scale, q_bits,
+    window (0: none), sinks, softcap (0: none)). Windows and sinks past the capacity change
+    nothing and are clamped to it."""
+    if length == 0:
+        raise ValueError("decode on an empty cache: append at least one token first")
+    qa = as_float32(q, "q")
+    if qa.ndim not in (2, 3) or qa.shape[qa.ndim - 1] != d or 0 in qa.shape:
+        raise ValueError(f"q must have shape [H, D] or [T, H, D] with D={d}, H >= 1, T >= 1; "
+                         f"got {list(qa.shape)}")
+    shape = qa.shape
+    t, h = (1, shape[0]) if qa.ndim == 2 else (shape[0], shape[1])
+    if h % hkv != 0:
+        raise ValueError(f"q has H={h} query heads, not a multiple of n_kv_heads={hkv}")
+    if t > length:
+        raise ValueError(f"q holds T={t} query positions but the cache holds {length} "
+                         f"tokens: the queries must be the last T of them")
+    q_bits = as_int(q_bits, "q_bits")
+    if q_bits not in (8, 16):
+        raise ValueError(f"q_bits must be 16 or 8, got {q_bits!r}")
+    scale = 1.0 / math.sqrt(d) if scale is None else positive_float(scale, "scale")
+    if window is not None:
+        window = int_from(window, "window", 1)
+    sinks = int_from(sinks, "sinks", 0)
+    if sinks and window is None:
+        raise ValueError(f"sinks={sinks} needs a window: sinks are the positions kept visible "
+                         f"outside it")
+    if window is not None and sinks > window:
+        raise ValueError(f"sinks must be at most window={window}, got {sinks}")
+    cap_value = 0.0
+    if softcap is not None:
+        cap_value = positive_float(softcap, "softcap")
+        if not F.SOFTCAP_RANGE[0] <= cap_value <= F.SOFTCAP_RANGE[1]:
+            raise ValueError(f"softcap must be from 2**-126 to 2**126, got {softcap!r}")
+    result = out
+    if out is None:
+        out = np.empty(shape, np.float32)
+        result = _torch_from_numpy(out) if is_torch(q) else out
+    elif is_torch(out):
+        out = _torch_out(out, shape)
+    else:
+        _check_out(out, shape)
+    return (c_aligned(qa), out, result, scale, q_bits, 0 if window is None else min(window, cap),
+            min(sinks, cap), cap_value)
+
+
+def decode_error(rc, bad, q, scale):
+    """The ValueError of a decode the engine refused (rc 1 or 2) for q row `bad`."""
+    h = q.shape[q.ndim - 2]
+    where = f"query head {bad % h}" if q.ndim == 2 else f"position {bad // h}, head {bad % h}"
+    row = q.reshape(-1, q.shape[-1])[bad]
+    if rc == 1:
+        return ValueError(bad_row_message("q", row, where))
+    worst = float(np.max(np.abs(row))) * scale
+    return ValueError(f"scale * max|q| is {worst:.3g} ({where}), above 2**40 "
+                      f"({F.QSCALE_MAX:.3g}): the logits could leave float32's range; "
+                      f"lower the scale or the magnitude of q")
+
+
+def _check_out(out, shape):
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy.ndarray or a torch tensor, got {type(out).__name__}")
+    if out.dtype != np.float32:
+        raise TypeError(f"out must have dtype float32, got {out.dtype}")
+    if out.shape != tuple(shape):
+        raise ValueError(f"out must have shape {list(shape)}, got {list(out.shape)}")
+    if not out.flags.c_contiguous or not out.flags.aligned or not out.flags.writeable:
+        raise ValueError("out must be C-contiguous, aligned and writeable")
+
+
+def _torch_out(t, shape):
+    """A torch out= tensor as a writable numpy view of its memory, after the same checks."""
+    import torch
+    if t.device.type != "cpu":
+        raise ValueError(f"out must be a CPU tensor, got one on device {t.device}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"out must have dtype float32, got {t.dtype}")
+    if t.requires_grad:
+        raise ValueError("out must not require grad")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"out must have shape {list(shape)}, got {list(t.shape)}")
+    a = t.numpy() if t.is_contiguous() else None
+    if a is None or not a.flags.aligned or not a.flags.writeable:
+        raise ValueError("out must be C-contiguous, aligned and writeable")
+    return a
+
+
+def _torch_from_numpy(a):
+    import torch
+    return torch.from_numpy(a)

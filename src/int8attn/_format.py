@@ -1,0 +1,28 @@
+"""The cache format's facts on the Python side, stated once: the named option presets, the value
+limits, and the file format's name and versions.
+
+The limits are the C engine's (``_engine.h``, ``_simd/dispatch.h``); ``_cache`` checks at import
+that the compiled values equal these, so the two cannot drift apart.
+"""
+
+# The formats by name: Int8KVCache(..., **FORMATS[name]). Each adds one step to the previous.
+FORMATS = {
+    "plain": {"rotate": False, "keep_first": False, "center": False},    # per-row absmax int8
+    "rotated": {"rotate": True, "keep_first": False, "center": False},   # + Hadamard rotation
+    "keep_first": {"rotate": True, "keep_first": True, "center": False}, # + position 0 as floats
+    "default": {"rotate": True, "keep_first": True, "center": True},     # + per-head offsets
+}
+DEFAULT = FORMATS["default"]
+
+MAX_HEAD_DIM = 1024                # head_dim: a multiple of 16, at most this
+CHUNK = 256                        # tokens per softmax chunk (the contract's order)
+OFFSET_MIN_ROWS = 16               # rows past position 0 an append needs to set the offsets
+VALUE_MAX = 2.0 ** 64              # |k|, |v|, |q| the format takes
+QSCALE_MAX = 2.0 ** 40             # scale * max|q| of a query row
+OFFSET_MAX = VALUE_MAX * 32        # an offset in the stored space (rotated): at most 2**69
+SCALE_MAX = VALUE_MAX * 64 / 127   # the largest stored scale: stored rows stay within 2**70
+SOFTCAP_RANGE = (2.0 ** -126, 2.0 ** 126)   # so that 1 / softcap is a normal float32
+MAX_THREADS = 256
+
+FILE_FORMAT = "int8attn.Int8KVCache"
+FILE_VERSION = 2                   # written; 1 (before keep_first and center) is read too

@@ -1,0 +1,166 @@
+"""A cache's state as a dict of arrays, and its file (an uncompressed ``.npz``): writing, reading
+and checking it. The fields are listed in ``Int8KVCache.state_dict``'s docstring."""
+
+import contextlib
+from typing import NamedTuple
+
+import numpy as np
+
+from . import _format as F
+from ._args import INT_MAX, int_from
+
+_INTS = ("n_kv_heads", "max_seq", "head_dim", "length")
+_ARRAYS = ("k_i8", "v_i8", "k_scale", "v_scale")
+_FLOAT_ROWS = ("k_first", "v_first", "k_offset", "v_offset")
+
+
+class State(NamedTuple):
+    """A checked state: the constructor's arguments, the length, and the arrays to copy in
+    (``k_i8``, ``v_i8``, ``k_scale``, ``v_scale``, and the float rows the options need)."""
+    n_kv_heads: int
+    max_seq: int
+    head_dim: int
+    length: int
+    rotate: bool
+    rotation_seed: int
+    keep_first: bool
+    center: bool
+    arrays: dict
+
+
+def state_of(cache):
+    """The state dict of `cache` (copies); the caller holds the cache's busy flag."""
+    hkv, d = cache.n_kv_heads, cache.head_dim
+    zeros = np.zeros((hkv, d), np.float32)
+    rows = {key: getattr(cache, key) for key in _FLOAT_ROWS}
+    return {
+        "format": F.FILE_FORMAT, "format_version": F.FILE_VERSION,
+        "n_kv_heads": hkv, "max_seq": cache.max_seq, "head_dim": d, "length": len(cache),
+        "rotate": cache.rotate, "rotation_seed": cache.rotation_seed,
+        "rotation_block": d & -d if cache.rotate else 0,
+        **{key: getattr(cache, key).copy() for key in _ARRAYS},
+        "keep_first": cache.keep_first, "center": cache.center,
+        **{key: zeros.copy() if row is None else row for key, row in rows.items()},
+    }
+
+
+def _scalar(state, key, kind, default=None):
+    """state[key] as a Python int ('int') or bool ('bool'): a 0-d array of an integer or bool
+    dtype, or ValueError naming the field; `default` when the key is absent and one is given."""
+    if key not in state and default is not None:
+        return default
+    try:
+        a = np.asarray(state[key])
+    except Exception:
+        a = None
+    if a is None or a.shape != () or a.dtype.kind not in ("b" if kind == "bool" else "iu"):
+        what = "a bool" if kind == "bool" else "an integer"
+        got = "an object numpy cannot read" if a is None else f"dtype {a.dtype}, shape {a.shape}"
+        raise ValueError(f"state {key} must be {what}, got {got}")
+    return bool(a) if kind == "bool" else int(a)
+
+
+def check(state, max_seq):
+    """Validate a state dict (from state_dict or a file): a State, or ValueError naming the field
+    (TypeError when state is not a mapping)."""
+    if not hasattr(state, "keys"):
+        raise TypeError(f"state must be a dict, got {type(state).__name__}")
+    missing = [k for k in ("format", "format_version", *_INTS, *_ARRAYS) if k not in state]
+    if missing:
+        raise ValueError(f"state lacks {', '.join(missing)}: not an int8attn cache")
+    fmt = np.asarray(state["format"])
+    if fmt.shape != () or fmt.dtype.kind != "U" or str(fmt) != F.FILE_FORMAT:
+        raise ValueError(f"state format is {str(fmt)[:60]!r}, expected {F.FILE_FORMAT!r}")
+    version = _scalar(state, "format_version", "int")
+    if version not in (1, F.FILE_VERSION):
+        raise ValueError(f"state format_version is {version}; this int8attn reads 1 and "
+                         f"{F.FILE_VERSION}")
+    ints = {key: _scalar(state, key, "int") for key in _INTS}
+    hkv, d, n = ints["n_kv_heads"], ints["head_dim"], ints["length"]
+    for key in ("n_kv_heads", "max_seq", "head_dim"):
+        if not 1 <= ints[key] <= INT_MAX:
+            raise ValueError(f"state {key} must be from 1 to 2**63 - 1, got {ints[key]}")
+    if d % 16 != 0 or d > F.MAX_HEAD_DIM:
+        raise ValueError(f"state head_dim must be a multiple of 16 and at most "
+                         f"{F.MAX_HEAD_DIM}, got {d}")
+    cap = ints["max_seq"] if max_seq is None else int_from(max_seq, "max_seq", 1)
+    if not 0 <= n <= cap:
+        what = "the state's max_seq" if max_seq is None else "max_seq"
+        raise ValueError(f"state length {n} does not fit {what}={cap}")
+    arrays = {}
+    for key, dtype, shape in (("k_i8", np.int8, (hkv, n, d)), ("v_i8", np.int8, (hkv, n, d)),
+                              ("k_scale", np.float32, (hkv, n)), ("v_scale", np.float32, (hkv, n))):
+        a = np.asarray(state[key])
+        if a.dtype != dtype or a.shape != shape:
+            raise ValueError(f"state {key} must be {np.dtype(dtype).name} {list(shape)}, "
+                             f"got {a.dtype} {list(a.shape)}")
+        arrays[key] = a
+    for key in ("k_i8", "v_i8"):
+        if n and arrays[key].min() < -127:
+            raise ValueError(f"state {key} holds -128, which the quantizer never stores")
+    for key in ("k_scale", "v_scale"):
+        if not np.all((arrays[key] >= 0) & (arrays[key] <= F.SCALE_MAX)):
+            raise ValueError(f"state {key} holds scales outside [0, {F.SCALE_MAX:.3g}] "
+                             f"(negative, NaN, or larger than any row the format stores)")
+    # the rotation (absent from files written before it existed: none)
+    rotate = _scalar(state, "rotate", "bool", False)
+    seed = _scalar(state, "rotation_seed", "int", 0)
+    block = _scalar(state, "rotation_block", "int", 0)
+    if rotate and (block != d & -d or not 0 <= seed < 1 << 64):
+        raise ValueError(f"state rotation does not match this int8attn: block {block} and seed "
+                         f"{seed} for head_dim {d} (expected block {d & -d})")
+    # the kept first position and the offsets (version 2; version 1 files have neither)
+    keep_first = version >= 2 and _scalar(state, "keep_first", "bool", False)
+    center = version >= 2 and _scalar(state, "center", "bool", False)
+    if center and not keep_first:
+        raise ValueError("state has center without keep_first, which int8attn never writes")
+    need = (_FLOAT_ROWS[:2] if keep_first else ()) + (_FLOAT_ROWS[2:] if center else ())
+    lacking = [k for k in need if k not in state]
+    if lacking:
+        raise ValueError(f"state lacks {', '.join(lacking)}, which its keep_first/center need")
+    for key in need:
+        a = np.asarray(state[key])
+        if a.dtype != np.float32 or a.shape != (hkv, d):
+            raise ValueError(f"state {key} must be float32 {[hkv, d]}, got {a.dtype} "
+                             f"{list(a.shape)}")
+        bound = F.VALUE_MAX if key.endswith("first") else F.OFFSET_MAX
+        if not np.all(np.abs(a) <= bound):
+            raise ValueError(f"state {key} holds NaN, Inf or values beyond +-{bound:.3g}")
+        arrays[key] = a
+    return State(hkv, cap, d, n, rotate, seed, keep_first, center, arrays)
+
+
+def restore(cls, state, max_seq):
+    """A new cls (Int8KVCache) holding exactly what `state` holds."""
+    s = check(state, max_seq)
+    try:
+        cache = cls(s.n_kv_heads, s.max_seq, s.head_dim, rotate=s.rotate,
+                    rotation_seed=s.rotation_seed, keep_first=s.keep_first, center=s.center)
+    except (MemoryError, ValueError) as e:
+        what = "state max_seq" if max_seq is None else "max_seq"
+        raise ValueError(f"{what} {s.max_seq} cannot be allocated for n_kv_heads={s.n_kv_heads}, "
+                         f"head_dim={s.head_dim} ({type(e).__name__}: {e}); pass a smaller "
+                         f"max_seq (at least the state's length, {s.length})") from None
+    cache._restore(s.length, s.arrays)
+    return cache
+
+
+def save(cache, path):
+    """Write `cache` to path (a path, or a binary file object open for writing)."""
+    state = cache.state_dict()
+    with contextlib.nullcontext(path) if hasattr(path, "write") else open(path, "wb") as f:
+        np.savez(f, **{k: np.asarray(v) for k, v in state.items()})
+
+
+def load(cls, path, max_seq):
+    """A cls from a file written by save: OSError when the file cannot be opened, ValueError
+    when its content is truncated, corrupted or foreign."""
+    with contextlib.nullcontext(path) if hasattr(path, "read") else open(path, "rb") as f:
+        try:
+            with np.load(f, allow_pickle=False) as z:
+                state = {k: z[k] for k in z.files}
+        except Exception as e:                   # zip, CRC, header, seek and pickle errors
+            why = (f"{type(e).__name__}: {e}" if "allow_pickle" not in str(e)
+                   else "it holds pickled Python objects, which a cache file never does")
+            raise ValueError(f"{path!s} is not a readable int8attn cache file: {why}") from None
+    return restore(cls, state, max_seq)
