@@ -248,15 +248,15 @@ def softmax(x):
 # "plain" is the seed's format; "rotated" adds the rotation alone; "keep_first" also keeps
 # position 0 as floats; "default" is what Int8KVCache() makes (all that, and the offsets).
 VARIANTS = (("fp32", "fp32", {}), ("bf16", "bf16", {}),
-            ("int8, plain", "int8", {"rotate": False, "keep_first": False}),
-            ("int8, rotated", "int8", {"keep_first": False}),
-            ("int8, keep_first", "int8", {"center": False}),
-            ("int8, default", "int8", {}))
+            ("int8, plain", "int8", ia.FORMATS["plain"]),
+            ("int8, rotated", "int8", ia.FORMATS["rotated"]),
+            ("int8, keep_first", "int8", ia.FORMATS["keep_first"]),
+            ("int8, default", "int8", ia.FORMATS["default"]))
 INT8 = [name for name, kind, _ in VARIANTS if kind == "int8"]
 
 
 def compare(model, text_path, first=1000, chunk=128, rotation_seed=0, variants=VARIANTS,
-            limit=None):
+            limit=None, progress=None):
     """Teacher-forced over the text (its first `limit` tokens when given): the int8 formats of
     VARIANTS, and a bfloat16 cache for scale, each against float attention over an unquantized
     cache. Returns per variant the top-1 agreement and the KL divergence of the next-token
@@ -268,7 +268,8 @@ def compare(model, text_path, first=1000, chunk=128, rotation_seed=0, variants=V
 
     ``variants`` replaces VARIANTS: (name, kind, options) with "fp32" first; a kind may also be a
     callable, ``kind(model, n_tokens, **options)`` giving one cache per layer (any object with
-    ``append(k, v)`` and ``decode(q, scale=, window=)``), as examples/kv_formats.py does."""
+    ``append(k, v)`` and ``decode(q, scale=, window=)``), as examples/kv_formats.py does.
+    ``progress(message)``, when given, hears when each cache starts and each scoring block."""
     if limit is not None and limit <= first:
         raise ValueError(f"limit must exceed first={first}, got {limit}")
     ids = model.tokenizer.encode(open(text_path, encoding="utf-8").read())[:limit]
@@ -278,7 +279,11 @@ def compare(model, text_path, first=1000, chunk=128, rotation_seed=0, variants=V
     hidden, layers = {}, {}
     if variants[0][:2] != ("fp32", "fp32"):
         raise ValueError("the first variant must be the reference, ('fp32', 'fp32', {})")
-    for name, kind, options in variants:
+    t0 = time.perf_counter()
+    for v, (name, kind, options) in enumerate(variants):
+        if progress:
+            progress(f"[{time.perf_counter() - t0:6.1f} s] cache {v + 1} of {len(variants)}: "
+                     f"{name}, {n} tokens teacher-forced")
         if kind == "int8" and options.get("rotate", True):
             options = dict(options, rotation_seed=rotation_seed)
         caches = kind(model, n, **options) if callable(kind) else model.caches(n, kind, **options)
@@ -307,6 +312,8 @@ def compare(model, text_path, first=1000, chunk=128, rotation_seed=0, variants=V
     kl = {name: [] for name, _, _ in variants[1:]}
     same = {name: [] for name in kl}
     margin = []                                           # fp32: top logit minus the second
+    if progress:
+        progress(f"[{time.perf_counter() - t0:6.1f} s] scoring {n - first} positions")
     for b in range(0, n - first, 64):
         logits = model.logits(hidden["fp32"][b:b + 64])
         top2 = np.partition(logits, -2, axis=-1)[:, -2:]
@@ -374,7 +381,8 @@ def main(argv=None):
         print(args.prompt + text)
         print(f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
         return
-    rep = compare(model, args.text, args.first, rotation_seed=args.rotation_seed, limit=args.limit)
+    rep = compare(model, args.text, args.first, rotation_seed=args.rotation_seed, limit=args.limit,
+                  progress=lambda m: print(m, file=sys.stderr, flush=True))
     print(f"teacher-forced over {rep['tokens']} tokens; next-token distributions at the "
           f"{rep['positions']} positions after the first {rep['first']}, against fp32 attention "
           "over an unquantized cache:")

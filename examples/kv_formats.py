@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+import int8attn as ia
 from int8attn import reference as R
 from int8attn._format import OFFSET_MIN_ROWS
 
@@ -129,9 +130,9 @@ def emulated(model, n_tokens, **options):
 # cache rounded to bfloat16, for scale.
 FORMATS = {
     "bf16": None,
-    "rotated": {"keep_first": False},
-    "keep_first": {"center": False},
-    "default": {},
+    "rotated": ia.FORMATS["rotated"],
+    "keep_first": ia.FORMATS["keep_first"],
+    "default": ia.FORMATS["default"],
     "K only": {"quantize_v": False},
     "V only": {"quantize_k": False},
     "k32": {"k_group": 32},

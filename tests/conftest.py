@@ -14,6 +14,11 @@ PINNED = _cache._requested_isa(os.environ)
 TIERS = (PINNED,) if PINNED else ia.supported_isas()
 # The tiers a cross-tier test compares: those under test, and the scalar tier they must equal.
 AGREEING = tuple(dict.fromkeys(("scalar",) + TIERS))
+# The contract every tier is tested against (docs/architecture.md, "Accuracy"): q_bits=16 within
+# CONTRACT of fp32 attention over the cache's dequantize() (rel_err), q_bits=8 within EMULATION
+# (relative to max|ref|) of reference.emulate, the kernel's method in float64.
+CONTRACT = 1e-3
+EMULATION = 1e-4
 # Under a CPU emulator (the qemu lanes of .ci/run) numpy's float code runs 20 to 1000 times
 # slower; matrix() then keeps every case but fewer combinations of them.
 EMULATED = bool(os.environ.get("INT8ATTN_TEST_LAUNCHER") or os.environ.get("QEMU_CPU"))

@@ -122,9 +122,8 @@ class CacheMachine(RuleBasedStateMachine):
         self.hkv = data.draw(st.integers(1, 3), label="n_kv_heads")
         self.d = data.draw(st.sampled_from([16, 32, 48, 80, 128]), label="head_dim")
         self.cap = data.draw(st.integers(1, 600), label="max_seq")
-        fmt = data.draw(st.sampled_from([
-            {"rotate": False, "keep_first": False}, {"keep_first": False}, {"center": False}, {},
-            {"rotation_seed": 2 ** 64 - 1}]), label="format")
+        fmt = data.draw(st.sampled_from([*ia.FORMATS.values(), {"rotation_seed": 2 ** 64 - 1}]),
+                        label="format")
         self.cache = ia.Int8KVCache(self.hkv, self.cap, self.d, **fmt)
         self.twin = ia.Int8KVCache(self.hkv, self.cap, self.d, **fmt)
         self.length = 0

@@ -17,13 +17,7 @@ if not os.path.exists(os.path.join(EXAMPLES, "kv_formats.py")):
 sys.path.insert(0, EXAMPLES)
 import kv_formats as F  # noqa: E402
 
-KERNEL_FORMATS = [
-    {"rotate": False, "keep_first": False},
-    {"keep_first": False},
-    {"center": False},
-    {},
-    {"rotation_seed": 7},
-]
+KERNEL_FORMATS = [*ia.FORMATS.values(), {"rotation_seed": 7}]
 
 
 # position 0 alone, then uneven appends; a first append with too few rows for offsets

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import int8attn as ia
-from conftest import each_tier, filled_cache, make_kv, rel_err
+from conftest import CONTRACT, EMULATION, each_tier, filled_cache, make_kv, rel_err
 from int8attn import _cache
 from int8attn import reference as R
 
@@ -65,14 +65,14 @@ def test_rotated_cache_within_contract_of_its_dequantized_history(tier, shape, q
     ref = R.attention(q, kd, vd)
     out = cache.decode(q, q_bits=q_bits)
     if q_bits == 16:
-        assert rel_err(out, ref) <= 1e-3
+        assert rel_err(out, ref) <= CONTRACT
     else:
         emu = R.emulate(q, cache, q_bits=8)
         err = np.max(np.abs(out - emu), axis=1) / np.max(np.abs(ref), axis=1)
-        assert float(err.max()) <= 1e-4
+        assert float(err.max()) <= EMULATION
     t = rng.standard_normal((3, h, d)).astype(np.float32)
     got = cache.decode(t, window=200, sinks=2, softcap=30.0)
-    assert rel_err(got.reshape(-1, d), R.attention(t, kd, vd, window=200, sinks=2, softcap=30.0).reshape(-1, d)) <= 1e-3
+    assert rel_err(got.reshape(-1, d), R.attention(t, kd, vd, window=200, sinks=2, softcap=30.0).reshape(-1, d)) <= CONTRACT
 
 
 def test_rotation_tames_k_outlier_channels():

@@ -22,7 +22,8 @@ import time
 
 import numpy as np
 
-from . import Int8KVCache, __version__, get_num_threads, isa, set_num_threads, supported_isas
+from . import (FORMATS, Int8KVCache, __version__, get_num_threads, isa, set_num_threads,
+               supported_isas)
 from . import _cache
 from .reference import attention
 
@@ -56,8 +57,8 @@ class Case:
 
 def _cache_for(case):
     """An empty cache of the case's format: the default, or the seed's plain one."""
-    plain = {} if case.rotate else {"rotate": False, "keep_first": False}
-    return Int8KVCache(case.hkv, case.tokens, case.d, **plain)
+    return Int8KVCache(case.hkv, case.tokens, case.d,
+                       **FORMATS["default" if case.rotate else "plain"])
 
 
 def int8_bytes(hkv, tokens, d):
