@@ -265,3 +265,18 @@ def test_gil_is_released_while_a_kernel_runs():
             seen_busy.append(True)
     t.join()
     assert seen_busy
+
+
+def test_buffers_start_on_a_cache_line_and_outlive_the_cache():
+    """The codes and scales sit at 64-byte boundaries (every 64-byte row load stays in one cache
+    line), and a view taken from a cache keeps its memory after the cache is gone."""
+    for shape in ((1, 1, 16), (3, 1000, 80), (8, 8192, 128)):
+        cache = ia.Int8KVCache(*shape)
+        for view in (cache.k_i8, cache.v_i8, cache.k_scale, cache.v_scale):
+            assert view.__array_interface__["data"][0] % 64 == 0
+    cache = ia.Int8KVCache(2, 4, 16)
+    cache.append(np.ones((4, 2, 16)), np.ones((4, 2, 16)))
+    k = cache.k_i8
+    del cache
+    gc.collect()
+    np.testing.assert_array_equal(k, 127)

@@ -6,6 +6,7 @@ Python), always with the cache's busy flag held; this module passes C what they 
 turns the engine's status into an exception. Public names are re-exported by ``int8attn``;
 names starting with an underscore are private (tests and benchmarks use them)."""
 
+from cython.view cimport array as cvarray
 from libc.stdint cimport int8_t, int32_t, uint64_t
 
 import os
@@ -82,6 +83,8 @@ cdef extern from "_engine.h" nogil:
         size_t window, sinks
         float softcap
     void i8a_cache_free_work(i8a_cache *c)
+    void *i8a_alloc_aligned(size_t bytes)
+    void i8a_free_aligned(void *p)
     void i8a_rotation_signs(uint64_t seed, size_t d, float *sign)
     int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const float *v,
                    size_t t, size_t *bad)
@@ -198,6 +201,22 @@ i8a_store_size(&_threads, _tiers.threads_from_env(os.environ, i8a_cpus_available
 
 # ---------------------------------------------------------------------------------------------
 
+def _aligned_empty(shape, str fmt, size_t itemsize):
+    """An uninitialized C-contiguous numpy array of `shape`, whose data the engine allocated at a
+    64-byte boundary (exactly its bytes, which a sanitizer guards); freed with its last view."""
+    cdef size_t n = itemsize
+    for s in shape:
+        n *= s
+    cdef void *p = i8a_alloc_aligned(n)
+    if p == NULL:
+        raise MemoryError(f"cannot allocate {n} bytes for the cache's buffers")
+    cdef cvarray a = cvarray(shape=tuple(shape), itemsize=itemsize, format=fmt, mode="c",
+                             allocate_buffer=False)
+    a.data = <char *>p
+    a.callback_free_data = i8a_free_aligned
+    return np.asarray(a)
+
+
 cdef float *_data(object arr):
     """The first float of a C-contiguous [n, m] float32 array (which its owner keeps alive)."""
     cdef float[:, ::1] m = arr
@@ -276,10 +295,10 @@ An int8 KV cache for single-token decode attention.
         # The buffers are made here, once: __init__ can be called again, __cinit__ cannot, so
         # no call can swap a buffer from under a decode running without the GIL.
         hkv, cap, d, rotate, seed, keep_first, center = _args.constructor(args, kwargs)
-        self._k = np.empty((hkv, cap, d), np.int8)
-        self._v = np.empty((hkv, cap, d), np.int8)
-        self._ks = np.empty((hkv, cap), np.float32)
-        self._vs = np.empty((hkv, cap), np.float32)
+        self._k = _aligned_empty((hkv, cap, d), "b", 1)
+        self._v = _aligned_empty((hkv, cap, d), "b", 1)
+        self._ks = _aligned_empty((hkv, cap), "f", 4)
+        self._vs = _aligned_empty((hkv, cap), "f", 4)
         self._k_ro, self._v_ro = _readonly(self._k), _readonly(self._v)
         self._ks_ro, self._vs_ro = _readonly(self._ks), _readonly(self._vs)
         cdef int8_t[:, :, ::1] k = self._k

@@ -1,3 +1,6 @@
+#if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200112L      /* posix_memalign */
+#endif
 #include "_engine.h"
 
 #include <float.h>
@@ -331,6 +334,26 @@ size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_opti
     return plan(c, t, h, opt, max_threads).threads;
 }
 
+void *i8a_alloc_aligned(size_t bytes)
+{
+    bytes = bytes ? bytes : 1;
+#ifdef _WIN32
+    return _aligned_malloc(bytes, 64);
+#else
+    void *p = NULL;
+    return posix_memalign(&p, 64, bytes) == 0 ? p : NULL;
+#endif
+}
+
+void i8a_free_aligned(void *p)
+{
+#ifdef _WIN32
+    _aligned_free(p);
+#else
+    free(p);
+#endif
+}
+
 /* The workspace holds at least `bytes` (64-byte aligned): grown by half again at least, so a
  * growing cache reallocates rarely. 0, or -1 when it cannot be allocated (then unchanged). */
 static int reserve_work(i8a_cache *c, size_t bytes)
@@ -338,11 +361,11 @@ static int reserve_work(i8a_cache *c, size_t bytes)
     if (c->work_bytes >= bytes)
         return 0;
     size_t grown = c->work_bytes + c->work_bytes / 2;
-    grown = align64(grown > bytes ? grown : bytes);
-    void *p = aligned_alloc(64, grown);
+    grown = grown > bytes ? grown : bytes;
+    void *p = i8a_alloc_aligned(grown);
     if (!p)
         return -1;
-    free(c->work);
+    i8a_free_aligned(c->work);
     c->work = p;
     c->work_bytes = grown;
     return 0;
@@ -350,7 +373,7 @@ static int reserve_work(i8a_cache *c, size_t bytes)
 
 void i8a_cache_free_work(i8a_cache *c)
 {
-    free(c->work);
+    i8a_free_aligned(c->work);
     c->work = NULL;
     c->work_bytes = 0;
 }

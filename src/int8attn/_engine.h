@@ -51,6 +51,12 @@ typedef struct {
 /* Free the decode workspace (the cache's other buffers belong to its owner). */
 void i8a_cache_free_work(i8a_cache *c);
 
+/* `bytes` (exactly: a sanitizer sees past them) at a 64-byte boundary, or NULL; freed by
+ * i8a_free_aligned. The cache's buffers come from here, so every row of 64 or more bytes
+ * starts on a cache line. */
+void *i8a_alloc_aligned(size_t bytes);
+void i8a_free_aligned(void *p);
+
 /* Quantize t tokens, k and v each [t][hkv][d] float32, into rows len .. len+t-1 (len itself is
  * not changed: the caller commits it; position 0's float row and the offsets written here
  * count only once it does). Returns 0, or 1 / 2 when k / v holds a NaN, an Inf or a value
