@@ -13,6 +13,8 @@ outside *_avx2 / *_avx512_vnni; on aarch64 any sdot/udot outside *_neon_dotprod.
 when the tier functions hold none of them, so the check cannot pass vacuously.
 """
 
+import glob
+import os
 import re
 import subprocess
 import sys
@@ -63,8 +65,6 @@ DEFINITION = re.compile(r"^(?:static|I8A_INLINE)\b[^;{(]*?\b(i8a_\w+|\w+)\s*\(",
 
 
 def check_names(simd_dir):
-    import glob
-    import os
     bad, count = [], 0
     for path in sorted(glob.glob(os.path.join(simd_dir, "*.h"))):
         tier = os.path.basename(path)[:-2]

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import int8attn as ia
-from conftest import CONTRACT, EMULATION, assert_same_state, assert_tiers_agree, each_tier, make_kv, rel_err, snapshot
+from conftest import (CONTRACT, EMULATION, assert_same_state, assert_tiers_agree, each_tier,
+                      make_kv, rel_err, snapshot)
 from int8attn import _format
 from int8attn import reference as R
 

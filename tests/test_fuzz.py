@@ -29,7 +29,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 import int8attn as ia                                                           # noqa: E402
 from int8attn import reference as R                                             # noqa: E402
-from conftest import AGREEING, EMULATED, active_tier, assert_same_state, snapshot                         # noqa: E402
+from conftest import (EMULATED, assert_same_state, assert_tiers_agree, each_tier,  # noqa: E402
+                      snapshot)
 
 EXAMPLES = int(os.environ.get("INT8ATTN_FUZZ_EXAMPLES", "15" if EMULATED else "100"))
 TOP = 2.0 ** 64                                  # the format's range: _format.VALUE_MAX
@@ -214,18 +215,17 @@ class CacheMachine(RuleBasedStateMachine):
         if bad is not None and (bad != "q*scale" or qmax):
             self.expect_refused(lambda: self.cache.decode(q, **kw), "decode")
             return
+        def decoded():                          # on each tier, with its own thread count
+            ia.set_num_threads(data.draw(st.integers(1, 3), label="threads"))
+            return np.asarray(self.cache.decode(q, **kw))
+
         before = ia.get_num_threads()
-        outs = []
         try:
-            for tier in AGREEING:
-                with active_tier(tier):
-                    ia.set_num_threads(data.draw(st.integers(1, 3), label="threads"))
-                    outs.append(np.asarray(self.cache.decode(q, **kw)))
+            outs = each_tier(decoded)
         finally:
             ia.set_num_threads(before)
-        for tier, out in zip(AGREEING[1:], outs[1:]):
-            np.testing.assert_array_equal(out.view(np.int32), outs[0].view(np.int32), err_msg=tier)
-        out = outs[0]
+        assert_tiers_agree(outs)
+        out = outs["scalar"]
         assert out.shape == q32.shape and np.all(np.isfinite(out))
         kd, vd = self.cache.dequantize()
         assert np.all(np.isfinite(kd)) and np.all(np.isfinite(vd))

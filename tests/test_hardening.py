@@ -9,7 +9,8 @@ import pytest
 
 import int8attn as ia
 from int8attn import reference as R
-from conftest import CONTRACT, assert_same_state, assert_tiers_agree, each_tier, filled_cache, rel_err, snapshot
+from conftest import (CONTRACT, assert_same_state, assert_tiers_agree, each_tier, filled_cache,
+                      rel_err, snapshot)
 
 PLAIN = ia.FORMATS["plain"]
 FORMATS = list(ia.FORMATS.values())       # plain .. default

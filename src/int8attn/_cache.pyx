@@ -51,7 +51,8 @@ cdef extern from "_simd/dispatch.h" nogil:
         int (*quantize_row)(const float *x, size_t d, int8_t *codes, float *scale) noexcept nogil
         void (*attend)(const i8a_query *q, const i8a_span *kv, float *scratch,
                        const i8a_state *out) noexcept nogil
-        void (*rotate)(const float *x, size_t d, const float *sign, int inverse, float *y) noexcept nogil
+        void (*rotate)(const float *x, size_t d, const float *sign, int inverse,
+                       float *y) noexcept nogil
     ctypedef struct i8a_probe:
         const char *name
     const i8a_kernels i8a_tiers[]
@@ -348,7 +349,8 @@ An int8 KV cache for single-token decode attention.
     def nbytes(self):
         """Bytes of the cache's buffers (K and V codes and scales for max_seq tokens; the float
         rows of position 0 with keep_first, the offsets with center)."""
-        extra = 2 * self._c.n_kv_heads * self._c.head_dim * 4 * (int(self.keep_first) + int(self.center))
+        rows = 2 * self._c.n_kv_heads * (int(self.keep_first) + int(self.center))
+        extra = rows * self._c.head_dim * 4
         return 2 * self._c.n_kv_heads * self._c.max_seq * (self._c.head_dim + 4) + extra
 
     def __len__(self):
@@ -472,7 +474,8 @@ An int8 KV cache for single-token decode attention.
         """
         self._enter()
         try:
-            ka, va = _args.append(k, v, self._c.n_kv_heads, self._c.head_dim, self._c.length, self._c.max_seq)
+            ka, va = _args.append(k, v, self._c.n_kv_heads, self._c.head_dim, self._c.length,
+                                  self._c.max_seq)
             if ka.shape[0]:
                 self._append(ka, va)
         finally:
@@ -620,10 +623,16 @@ An int8 KV cache for single-token decode attention.
 # ---------------------------------------------------------------------------------------------
 # Private hooks: the benchmarks' bandwidth probe and thread count, the tests' kernel entry points.
 
-def _decode_threads(Int8KVCache cache, h, t=1):
-    """Threads a decode of t positions of h query heads (no window) would use now."""
+cdef i8a_options _no_options():
+    """The options of a plain decode: scale 1, q_bits 16, no window, sinks or soft cap."""
     cdef i8a_options opt
     opt.scale, opt.q_bits, opt.window, opt.sinks, opt.softcap = 1.0, 16, 0, 0, 0.0
+    return opt
+
+
+def _decode_threads(Int8KVCache cache, h, t=1):
+    """Threads a decode of t positions of h query heads (no window) would use now."""
+    cdef i8a_options opt = _no_options()
     cache._enter()
     try:
         return i8a_decode_threads(&cache._c, t, h, &opt, i8a_load_size(&_threads))
@@ -636,12 +645,13 @@ def _stream_read(Int8KVCache cache, threads=None):
     threads like a decode, with the best supported tier's widest loads: the benchmarks'
     bandwidth probe. Returns a checksum. threads defaults to what a decode of H = Hkv would use."""
     cdef const i8a_probe *best = &i8a_probes[<int>_tier_index[_SUPPORTED[0]]]
+    cdef i8a_options opt = _no_options()
     cdef size_t n
     cdef uint64_t x
-    n = (_decode_threads(cache, cache._c.n_kv_heads) if threads is None
-         else _args.int_from(threads, "threads", 1))
     cache._enter()
     try:
+        n = (i8a_decode_threads(&cache._c, 1, cache._c.n_kv_heads, &opt, i8a_load_size(&_threads))
+             if threads is None else _args.int_from(threads, "threads", 1))
         with nogil:
             x = i8a_stream_read(best, &cache._c, n)
     finally:
@@ -678,10 +688,11 @@ def _attend(q_hi, q_lo, c_hi, c_lo, k, k_scale, v, v_scale, bias, softcap=0.0, t
     cdef const float[::1] ksm = np.ascontiguousarray(k_scale, np.float32)
     cdef const float[::1] vsm = np.ascontiguousarray(v_scale, np.float32)
     nq, d, n = qh.shape[0], qh.shape[1], km.shape[0]
-    if (ql.shape[0], ql.shape[1]) != (nq, d) or km.shape[1] != d or (vm.shape[0], vm.shape[1]) != (n, d) \
-            or not (ch.shape[0] == cl.shape[0] == bm.shape[0] == nq) \
-            or not (ksm.shape[0] == vsm.shape[0] == n) or d % 16 or not 16 <= d <= I8A_MAX_HEAD_DIM \
-            or not 1 <= n <= I8A_CHUNK or nq < 1:
+    fits = ((ql.shape[0], ql.shape[1]) == (nq, d) and km.shape[1] == d
+            and (vm.shape[0], vm.shape[1]) == (n, d)
+            and ch.shape[0] == cl.shape[0] == bm.shape[0] == nq and ksm.shape[0] == vsm.shape[0] == n
+            and d % 16 == 0 and 16 <= d <= I8A_MAX_HEAD_DIM and 1 <= n <= I8A_CHUNK and nq >= 1)
+    if not fits:
         raise ValueError("_attend: shapes do not fit one chunk (see its docstring)")
     m = np.empty(nq, np.float32)
     l = np.empty(nq, np.float32)

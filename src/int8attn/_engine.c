@@ -149,7 +149,7 @@ int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const 
     if (!has_offsets(c, c->length) && has_offsets(c, c->length + t)) {
         /* the offsets come from this append: a bad row anywhere in it is reported before any
          * row is stored (the first in row order, k before v, as the loop below would) */
-        const size_t from = 1 - c->length;                     /* the token at position 1 */
+        const size_t from = 1 - c->length;                  /* the token at position 1 */
         const size_t bk = set_offset(kt, c, k, t, from, c->k_offset);
         const size_t bv = set_offset(kt, c, v, t, from, c->v_offset);
         if (bk < t * hkv || bv < t * hkv) {
@@ -210,11 +210,11 @@ typedef struct {
 
 static visible_ranges visible(const i8a_cache *c, size_t t, size_t tt, const i8a_options *opt)
 {
-    const size_t end = c->length - t + tt + 1;                 /* the query's position + 1 */
+    const size_t end = c->length - t + tt + 1;              /* the query's position + 1 */
     size_t lo = opt->window && end > opt->window ? end - opt->window : 0;
     visible_ranges v = {0, 0, lo, end, 0};
     if (opt->sinks >= lo)
-        v.win_begin = 0;                                           /* the sinks join the window */
+        v.win_begin = 0;                                    /* the sinks join the window */
     else
         v.sink_end = opt->sinks;
     const size_t e = coded_from(c);
@@ -471,10 +471,10 @@ static i8a_span chunk_span(const i8a_cache *c, size_t g, size_t chunk)
 }
 
 /* The state of position 0 read from its float row (kept first position): m = the logit
- * (soft-capped when the cap is on), l = 1, o = v0 (its V row in the stored space), minus v_offset
- * when `off` (the offset then joins every row at the end). */
+ * (soft-capped when the cap is on), l = 1, o = v0 (its V row in the stored space), minus
+ * v_offset when `off` (the offset then joins every row at the end). */
 static void pos0_state(const decode_job *job, size_t g, size_t r, const float *v0, int off,
-                        const i8a_state *run)
+                       const i8a_state *run)
 {
     const i8a_cache *c = job->c;
     const float lg = ((const float *)(job->base + job->L.pos0_logit))[g * job->L.rows + r];

@@ -11,19 +11,20 @@
 
 /* The cache buffers, head-major: k_codes[head][position][i] int8 and k_scale[head][position]
  * float; the same for V. In the comments below hkv, cap, d and len abbreviate n_kv_heads,
- * max_seq, head_dim and length. With a
- * rotation (sign != NULL) K and V rows are stored rotated, q is rotated before the dots and
- * the output rotated back: (Rq).(Rk) = q.k and R^T sum p (R v) = sum p v.
+ * max_seq, head_dim and length. With a rotation (sign != NULL) K and V rows are stored
+ * rotated, q is rotated before the dots and the output rotated back: (Rq).(Rk) = q.k and
+ * R^T sum p (R v) = sum p v.
  *
  * Keeping the first position (k_first != NULL): position 0, the attention sink, is also kept as
  * given in k_first / v_first, and decode reads it from there instead of from its codes.
  *
- * Centering (k_offset != NULL, only with k_first): every row past position 0 is stored minus its
- * kv head's offset (k_offset / v_offset, in the stored space), which decode adds back: q.off joins
- * each logit (the query's bias) and the V offset joins the output (the weights sum to 1). The
- * offsets exist once the cache holds 2 or more tokens: the append that first reaches past
- * position 0 sets them to the mean of its own rows past position 0, or to zeros when it holds
- * fewer than I8A_OFFSET_MIN_ROWS of them (a cache filled token by token: one row is no mean). */
+ * Centering (k_offset != NULL, only with k_first): every row past position 0 is stored minus
+ * its kv head's offset (k_offset / v_offset, in the stored space), which decode adds back:
+ * q.off joins each logit (the query's bias) and the V offset joins the output (the weights sum
+ * to 1). The offsets exist once the cache holds 2 or more tokens: the append that first
+ * reaches past position 0 sets them to the mean of its own rows past position 0, or to zeros
+ * when it holds fewer than I8A_OFFSET_MIN_ROWS of them (a cache filled token by token: one row
+ * is no mean). */
 #define I8A_OFFSET_MIN_ROWS 16
 
 /* The range of the format. Every value appended (k, v) or decoded against (q) must be within
