@@ -176,23 +176,29 @@ def append(k, v, hkv, d, length, cap):
     return c_aligned(ka), c_aligned(va)
 
 
-def decode(q, scale, q_bits, out, window, sinks, softcap, length, hkv, d, cap):
+def decode(q, scale, q_bits, out, window, sinks, softcap, length, hkv, d, cap, batch=None):
     """The decode's arguments, checked: (q as aligned C-contiguous float32 [T, H, D] or
     [H, D], out as a writable float32 array of q's shape, what decode returns, scale, q_bits,
     window (0: none), sinks, softcap (0: none)). Windows and sinks past the capacity change
-    nothing and are clamped to it."""
+    nothing and are clamped to it. With `batch` (decode_batch: B caches, the shortest holding
+    `length` tokens), q is [B, T, H, D] or [B, H, D]."""
     if length == 0:
         raise ValueError("decode on an empty cache: append at least one token first")
     qa = as_float32(q, "q")
-    if qa.ndim not in (2, 3) or qa.shape[qa.ndim - 1] != d or 0 in qa.shape:
-        raise ValueError(f"q must have shape [H, D] or [T, H, D] with D={d}, H >= 1, T >= 1; "
+    lead = 0 if batch is None else 1
+    if (qa.ndim - lead not in (2, 3) or qa.shape[qa.ndim - 1] != d or 0 in qa.shape
+            or lead and qa.shape[0] != batch):
+        want = "[H, D] or [T, H, D] with" if not lead else f"[B, H, D] or [B, T, H, D] with B={batch},"
+        raise ValueError(f"q must have shape {want} D={d}, H >= 1, T >= 1; "
                          f"got {list(qa.shape)}")
     shape = qa.shape
-    t, h = (1, shape[0]) if qa.ndim == 2 else (shape[0], shape[1])
+    core = shape[lead:]
+    t, h = (1, core[0]) if len(core) == 2 else (core[0], core[1])
     if h % hkv != 0:
         raise ValueError(f"q has H={h} query heads, not a multiple of n_kv_heads={hkv}")
     if t > length:
-        raise ValueError(f"q holds T={t} query positions but the cache holds {length} "
+        holds = "the cache holds" if not lead else "the shortest cache holds"
+        raise ValueError(f"q holds T={t} query positions but {holds} {length} "
                          f"tokens: the queries must be the last T of them")
     q_bits = as_int(q_bits, "q_bits")
     if q_bits not in (8, 16):

@@ -1,5 +1,6 @@
 """Type stub of the compiled front end (int8attn._cache)."""
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,7 @@ class Int8KVCache:
     def dequantize(self) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
     def reset(self) -> None: ...
     def truncate(self, n: int) -> None: ...
+    def evict(self, n: int) -> None: ...
     def state_dict(self) -> dict[str, Any]: ...
     @classmethod
     def from_state_dict(cls, state: dict[str, Any], max_seq: int | None = None) -> "Int8KVCache": ...
@@ -65,3 +67,15 @@ class Int8KVCache:
         sinks: int = 0,
         softcap: float | None = None,
     ) -> npt.NDArray[np.float32] | Any: ...
+
+def decode_batch(
+    caches: Sequence[Int8KVCache],
+    q: npt.ArrayLike | Any,
+    *,
+    scale: float | None = None,
+    q_bits: int = 16,
+    out: npt.NDArray[np.float32] | Any | None = None,
+    window: int | None = None,
+    sinks: int = 0,
+    softcap: float | None = None,
+) -> npt.NDArray[np.float32] | Any: ...

@@ -8,6 +8,7 @@ names starting with an underscore are private (tests and benchmarks use them).""
 
 from cython.view cimport array as cvarray
 from libc.stdint cimport int8_t, int32_t, uint64_t
+from libc.stdlib cimport free, malloc
 
 import os
 
@@ -91,9 +92,11 @@ cdef extern from "_engine.h" nogil:
                    size_t t, size_t *bad)
     size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
                               size_t max_threads)
-    int i8a_decode(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t, size_t h,
-                   const i8a_options *opt, size_t max_threads, float *out, size_t *bad)
+    int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *q,
+                         size_t t, size_t h, const i8a_options *opt, size_t max_threads,
+                         float *out, size_t *bad)
     void i8a_dequantize(const i8a_kernels *kt, const i8a_cache *c, float *k, float *v)
+    void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n)
     uint64_t i8a_stream_read(const i8a_probe *probe, const i8a_cache *c, size_t threads)
 
 
@@ -458,6 +461,21 @@ An int8 KV cache for single-token decode attention.
         finally:
             self._leave()
 
+    def evict(self, n):
+        """Forget the n oldest tokens: token n + i becomes token i and len(cache) shrinks by n,
+        freeing capacity for appends (a sliding-window layer keeps only what its window still
+        sees). The tokens kept are read back exactly as before by a decode that sees them; with
+        keep_first, the new first token's float row is its dequantized codes (its original
+        floats are gone), and centering keeps its offsets. 0 <= n <= len(cache)."""
+        self._enter()
+        try:
+            n = _args.as_int(n, "n")
+            if not 0 <= n <= self._c.length:
+                raise ValueError(f"n must be from 0 to len(cache)={self._c.length}, got {n}")
+            i8a_evict(i8a_load_tier(&_kt), &self._c, n)
+        finally:
+            self._leave()
+
     def append(self, k, v):
         """Quantize and store tokens.
 
@@ -539,28 +557,10 @@ An int8 KV cache for single-token decode attention.
             qa, out, result, s, bits, w, n, cap = _args.decode(
                 q, scale, q_bits, out, window, sinks, softcap, self._c.length, self._c.n_kv_heads,
                 self._c.head_dim, self._c.max_seq)
-            self._decode(qa, out, s, bits, w, n, cap)
+            _engine_decode([self], qa, out, s, bits, w, n, cap, False)
             return result
         finally:
             self._leave()
-
-    cdef _decode(self, qa, out, float scale, int q_bits, size_t window, size_t sinks,
-                 float softcap):
-        cdef i8a_options opt
-        opt.scale, opt.q_bits, opt.window, opt.sinks, opt.softcap = (scale, q_bits, window,
-                                                                     sinks, softcap)
-        cdef size_t t = 1 if qa.ndim == 2 else qa.shape[0], h = qa.shape[qa.ndim - 2], bad = 0
-        cdef const float[::1] qmv = qa.reshape(-1)
-        cdef float[::1] omv = out.reshape(-1)
-        cdef const i8a_kernels *kt = i8a_load_tier(&_kt)
-        cdef size_t threads = i8a_load_size(&_threads)
-        cdef int rc
-        with nogil:
-            rc = i8a_decode(kt, &self._c, &qmv[0], t, h, &opt, threads, &omv[0], &bad)
-        if rc == 3:
-            raise MemoryError("decode could not allocate its workspace")
-        if rc != 0:
-            raise _args.decode_error(rc, bad, qa, scale)
 
     # -- save and load --------------------------------------------------------------------
 
@@ -618,6 +618,97 @@ An int8 KV cache for single-token decode attention.
         (a missing file, FileNotFoundError); one that is truncated, corrupted or foreign raises
         ValueError."""
         return _state.load(cls, path, max_seq)
+
+
+def decode_batch(caches, q, *, scale=None, q_bits=16, out=None, window=None, sinks=0,
+                 softcap=None):
+    """``caches[b].decode(q[b], ...)`` for every b, in one call: the (kv head, chunk) work items
+    of all the caches share the thread pool (a batch of sequences, one cache each).
+
+    Parameters
+    ----------
+    caches : sequence of B distinct Int8KVCache
+        Equal ``n_kv_heads`` and ``head_dim``; lengths may differ, each at least T.
+    q : array-like or torch CPU tensor, [B, H, D] or [B, T, H, D]
+        Cache b's queries are ``q[b]``, as in ``Int8KVCache.decode``.
+    scale, q_bits, out, window, sinks, softcap
+        As in ``Int8KVCache.decode``, the same for every cache; ``out`` has q's shape.
+
+    Returns float32 of q's shape, like ``decode``. Every cache is taken for the whole call (a
+    cache in use by another thread raises RuntimeError); a call that raises writes no output.
+    """
+    seq = list(caches) if not isinstance(caches, Int8KVCache) else None
+    if seq is None:
+        raise TypeError("caches must be a sequence of Int8KVCache, got one Int8KVCache")
+    if not seq:
+        raise ValueError("caches must hold at least one Int8KVCache, got an empty sequence")
+    for i, c in enumerate(seq):
+        if not isinstance(c, Int8KVCache):
+            raise TypeError(f"caches[{i}] must be an Int8KVCache, got {type(c).__name__}")
+    if len({id(c) for c in seq}) != len(seq):
+        raise ValueError("caches must be distinct: the same Int8KVCache appears more than once")
+    cdef Int8KVCache c0, ci
+    cdef list taken = []
+    try:
+        for ci in seq:
+            ci._enter()
+            taken.append(ci)
+        c0 = seq[0]
+        for i, ci in enumerate(seq):
+            if (ci._c.n_kv_heads, ci._c.head_dim) != (c0._c.n_kv_heads, c0._c.head_dim):
+                raise ValueError(
+                    f"caches[{i}] has n_kv_heads={ci._c.n_kv_heads}, head_dim={ci._c.head_dim}; "
+                    f"caches[0] has n_kv_heads={c0._c.n_kv_heads}, head_dim={c0._c.head_dim}: "
+                    f"a batch needs them equal")
+        shortest, widest = c0._c.length, c0._c.max_seq
+        for ci in seq:
+            shortest, widest = min(shortest, ci._c.length), max(widest, ci._c.max_seq)
+        qa, out, result, s, bits, w, n, cap = _args.decode(
+            q, scale, q_bits, out, window, sinks, softcap, shortest, c0._c.n_kv_heads,
+            c0._c.head_dim, widest, batch=len(seq))
+        _engine_decode(seq, qa, out, s, bits, w, n, cap, True)
+        return result
+    finally:
+        for ci in taken:
+            ci._leave()
+
+
+cdef _engine_decode(list seq, qa, out, float scale, int q_bits, size_t window, size_t sinks,
+                    float softcap, bint batch):
+    """One i8a_decode_batch call over the caches of seq (taken by the caller), q and out checked:
+    [T, H, D] or [H, D] for one cache, with a leading B when `batch`."""
+    cdef i8a_options opt
+    opt.scale, opt.q_bits, opt.window, opt.sinks, opt.softcap = (scale, q_bits, window, sinks,
+                                                                 softcap)
+    cdef int lead = 1 if batch else 0
+    cdef size_t nb = len(seq), i
+    cdef size_t t = 1 if qa.ndim == 2 + lead else qa.shape[lead], h = qa.shape[qa.ndim - 2]
+    cdef size_t bad = 0
+    cdef const float[::1] qmv = qa.reshape(-1)
+    cdef float[::1] omv = out.reshape(-1)
+    cdef const i8a_kernels *kt = i8a_load_tier(&_kt)
+    cdef size_t threads = i8a_load_size(&_threads)
+    cdef int rc
+    cdef i8a_cache *single = &(<Int8KVCache>seq[0])._c
+    cdef i8a_cache **cs = &single
+    if nb > 1:
+        cs = <i8a_cache **>malloc(nb * sizeof(i8a_cache *))
+        if cs == NULL:
+            raise MemoryError("decode_batch could not allocate its list of caches")
+        for i in range(nb):
+            cs[i] = &(<Int8KVCache>seq[i])._c
+    with nogil:
+        rc = i8a_decode_batch(kt, cs, nb, &qmv[0], t, h, &opt, threads, &omv[0], &bad)
+    if nb > 1:
+        free(cs)
+    if rc == 3:
+        raise MemoryError("decode could not allocate its workspace")
+    if rc != 0 and not batch:
+        raise _args.decode_error(rc, bad, qa, scale)
+    if rc != 0:
+        b, row = divmod(bad, t * h)
+        err = _args.decode_error(rc, row, qa[b], scale)
+        raise type(err)(f"caches[{b}]: {err}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -267,14 +267,20 @@ static size_t visible_chunk(const chunk_runs *runs, size_t vi)
  * gains from a second thread at 256 tokens (19 -> 15 us) and loses at 128 (10.5 -> 11.4 us). */
 #define I8A_ROWS_PER_THREAD 1024
 
-/* Threads for `items` work items of a decode of t queries of h heads: at most max_threads,
- * fewer when the tokens read are too few to pay for waking another thread. */
-static size_t threads_for(const i8a_cache *c, size_t t, size_t h, size_t items, size_t max_threads)
+/* The work of a decode of t queries of h heads that reads `items` (kv head, chunk) items, in
+ * units of I8A_ROWS_PER_THREAD per thread. */
+static size_t work_of(const i8a_cache *c, size_t t, size_t h, size_t items)
 {
     const size_t hkv = c->n_kv_heads, rows_per_kv = t * (h / hkv);
     const size_t tokens = items / hkv * I8A_CHUNK;          /* an upper bound of rows read */
-    const size_t work = hkv * (tokens < c->length ? tokens : c->length) * (c->head_dim / 16)
-                      * (1 + rows_per_kv) / 16;
+    return hkv * (tokens < c->length ? tokens : c->length) * (c->head_dim / 16)
+           * (1 + rows_per_kv) / 16;
+}
+
+/* Threads for `items` work items of this much work: at most max_threads, fewer when the tokens
+ * read are too few to pay for waking another thread. */
+static size_t threads_for(size_t work, size_t items, size_t max_threads)
+{
     size_t n = work / I8A_ROWS_PER_THREAD;
     n = n < 1 ? 1 : n;
     n = n < max_threads ? n : max_threads;
@@ -299,8 +305,9 @@ typedef struct {
     size_t state_bytes, worker_bytes;
 } layout;
 
+/* The plan for `threads` threads (the count a batch decodes with: every worker has its scratch). */
 static layout plan(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
-                   size_t max_threads)
+                   size_t threads)
 {
     const size_t d = c->head_dim, f = sizeof(float), hkv = c->n_kv_heads;
     layout L;
@@ -308,7 +315,7 @@ static layout plan(const i8a_cache *c, size_t t, size_t h, const i8a_options *op
     L.parts = opt->window && opt->sinks ? 2 : 1;
     L.runs = visible_chunks(c, t, opt);
     L.nvis = L.runs.count[0] + L.runs.count[1];
-    L.threads = threads_for(c, t, h, hkv * L.nvis, max_threads);
+    L.threads = threads;
     L.state_bytes = align64(L.rows * (d + 2) * f);
     L.worker_bytes = align64(2 * L.rows * I8A_CHUNK * f);
     const size_t qrows = hkv * L.rows;
@@ -331,7 +338,8 @@ static layout plan(const i8a_cache *c, size_t t, size_t h, const i8a_options *op
 size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
                           size_t max_threads)
 {
-    return plan(c, t, h, opt, max_threads).threads;
+    const size_t items = c->n_kv_heads * plan(c, t, h, opt, 1).nvis;
+    return threads_for(work_of(c, t, h, items), items, max_threads);
 }
 
 void *i8a_alloc_aligned(size_t bytes)
@@ -591,25 +599,24 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
     }
 }
 
-int i8a_decode(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t, size_t h,
-               const i8a_options *opt, size_t max_threads, float *out, size_t *bad)
+/* Set up job (planned for `threads` threads) for a decode of cache c: its workspace, the q
+ * planes and biases, the chunk counters. Returns 0, or i8a_decode's codes with *bad the q row. */
+static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t, size_t h,
+                   const i8a_options *opt, size_t threads, float *out, decode_job *job,
+                   size_t *bad)
 {
     const size_t d = c->head_dim, hkv = c->n_kv_heads, nq = h / hkv;
     I8A_EXPECT(t >= 1 && t <= c->length && h >= hkv && h % hkv == 0);
-    I8A_EXPECT(opt->scale > 0.0f && opt->scale <= FLT_MAX);
-    I8A_EXPECT(opt->q_bits == 16 || opt->q_bits == 8);
-    I8A_EXPECT(opt->window ? opt->sinks <= opt->window : opt->sinks == 0);
-    I8A_EXPECT(opt->softcap == 0.0f || (opt->softcap >= 0x1p-126f && opt->softcap <= 0x1p126f));
-    I8A_EXPECT(max_threads >= 1);
-    const layout L = plan(c, t, h, opt, max_threads);
+    const layout L = plan(c, t, h, opt, threads);
     if (reserve_work(c, L.end) != 0)
         return 3;
-    decode_job job = {kt, c, opt, (char *)c->work, L, t, h, nq, out};
-    int8_t *q_hi = (int8_t *)job.base, *q_lo = (int8_t *)(job.base + job.L.q_lo);
-    float *c_hi = (float *)(job.base + job.L.c_hi), *c_lo = (float *)(job.base + job.L.c_lo);
-    float *residual = (float *)(job.base + job.L.residual);
-    float *bias = (float *)(job.base + job.L.bias);
-    float *pos0_logit = (float *)(job.base + job.L.pos0_logit);
+    const decode_job init = {kt, c, opt, (char *)c->work, L, t, h, nq, out};
+    *job = init;
+    int8_t *q_hi = (int8_t *)job->base, *q_lo = (int8_t *)(job->base + L.q_lo);
+    float *c_hi = (float *)(job->base + L.c_hi), *c_lo = (float *)(job->base + L.c_lo);
+    float *residual = (float *)(job->base + L.residual);
+    float *bias = (float *)(job->base + L.bias);
+    float *pos0_logit = (float *)(job->base + L.pos0_logit);
     /* |q| may reach I8A_VALUE_MAX and I8A_QSCALE_MAX / scale, whichever is lower: the largest
      * float not above it (a float q is at most x exactly when it is at most that float) */
     double most = (double)I8A_QSCALE_MAX / (double)opt->scale;
@@ -620,7 +627,7 @@ int i8a_decode(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t, si
     /* q rows in the order of the kernels: kv head, then query position, then head of the group */
     for (size_t tt = 0; tt < t; tt++) {
         for (size_t head = 0; head < h; head++) {
-            const size_t g = head / nq, r = g * job.L.rows + tt * nq + head % nq;
+            const size_t g = head / nq, r = g * L.rows + tt * nq + head % nq;
             float tmp[I8A_MAX_HEAD_DIM];
             const float *q0 = q + (tt * h + head) * d;
             if (!within(q0, d, q_limit)) {
@@ -641,15 +648,99 @@ int i8a_decode(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t, si
                 pos0_logit[r] = dot_scaled(q0, c->k_first + g * d, d, opt->scale);
         }
     }
-    atomic_size_t *left = (atomic_size_t *)(job.base + job.L.left);
+    atomic_size_t *left = (atomic_size_t *)(job->base + L.left);
     for (size_t g = 0; g < hkv; g++)
-        atomic_init(left + g, job.L.nvis);
-    if (job.L.nvis)
-        i8a_pool_run(hkv * job.L.nvis, job.L.threads, decode_range, &job);
-    else                                    /* only position 0, from its float row */
-        for (size_t g = 0; g < hkv; g++)
-            finish_head(&job, g);
+        atomic_init(left + g, L.nvis);
     return 0;
+}
+
+/* The items of a batch: cache b's (kv head, chunk) items are [first[b], first[b + 1]). */
+typedef struct {
+    const decode_job *jobs;
+    const size_t *first;
+    size_t n;
+} batch_job;
+
+static void batch_range(void *ctx, size_t begin, size_t end, size_t after, size_t worker)
+{
+    const batch_job *batch = (const batch_job *)ctx;
+    size_t b = 0;
+    while (batch->first[b + 1] <= begin)
+        b++;
+    while (begin < end) {
+        const size_t lo = batch->first[b], hi = batch->first[b + 1];
+        const size_t stop = end < hi ? end : hi;
+        const size_t then = stop < end ? stop : after;          /* the next item, if this cache's */
+        decode_range((void *)&batch->jobs[b], begin - lo, stop - lo,
+                     then >= lo && then < hi ? then - lo : hi - lo, worker);
+        begin = stop;
+        b++;
+    }
+}
+
+/* Jobs on the stack up to this batch size, beyond it on the heap. */
+#define I8A_BATCH_STACK 8
+
+int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *q,
+                     size_t t, size_t h, const i8a_options *opt, size_t max_threads, float *out,
+                     size_t *bad)
+{
+    I8A_EXPECT(n >= 1);
+    I8A_EXPECT(opt->scale > 0.0f && opt->scale <= FLT_MAX);
+    I8A_EXPECT(opt->q_bits == 16 || opt->q_bits == 8);
+    I8A_EXPECT(opt->window ? opt->sinks <= opt->window : opt->sinks == 0);
+    I8A_EXPECT(opt->softcap == 0.0f || (opt->softcap >= 0x1p-126f && opt->softcap <= 0x1p126f));
+    I8A_EXPECT(max_threads >= 1);
+    decode_job stack_jobs[I8A_BATCH_STACK];
+    size_t stack_first[I8A_BATCH_STACK + 1];
+    decode_job *jobs = stack_jobs;
+    size_t *first = stack_first;
+    if (n > I8A_BATCH_STACK) {
+        jobs = (decode_job *)malloc(n * sizeof *jobs);
+        first = (size_t *)malloc((n + 1) * sizeof *first);
+        if (!jobs || !first) {
+            free(jobs);
+            free(first);
+            return 3;
+        }
+    }
+    /* one thread count for the whole batch, from the work of all its caches */
+    size_t work = 0;
+    first[0] = 0;
+    for (size_t b = 0; b < n; b++) {
+        const size_t items = cs[b]->n_kv_heads * plan(cs[b], t, h, opt, 1).nvis;
+        work += work_of(cs[b], t, h, items);
+        first[b + 1] = first[b] + items;
+    }
+    const size_t threads = threads_for(work, first[n], max_threads);
+    const size_t qsize = t * h * cs[0]->head_dim;
+    int rc = 0;
+    for (size_t b = 0; b < n && rc == 0; b++) {
+        I8A_EXPECT(cs[b]->head_dim == cs[0]->head_dim && cs[b]->n_kv_heads == cs[0]->n_kv_heads);
+        rc = prepare(kt, cs[b], q + b * qsize, t, h, opt, threads, out + b * qsize, &jobs[b], bad);
+        if (rc != 0 && rc != 3)
+            *bad += b * t * h;
+    }
+    if (rc == 0) {
+        for (size_t b = 0; b < n; b++)              /* a cache whose queries see only position 0 */
+            if (jobs[b].L.nvis == 0)
+                for (size_t g = 0; g < cs[b]->n_kv_heads; g++)
+                    finish_head(&jobs[b], g);
+        const batch_job batch = {jobs, first, n};
+        if (first[n])
+            i8a_pool_run(first[n], threads, batch_range, (void *)&batch);
+    }
+    if (n > I8A_BATCH_STACK) {
+        free(jobs);
+        free(first);
+    }
+    return rc;
+}
+
+int i8a_decode(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t, size_t h,
+               const i8a_options *opt, size_t max_threads, float *out, size_t *bad)
+{
+    return i8a_decode_batch(kt, &c, 1, q, t, h, opt, max_threads, out, bad);
 }
 
 typedef struct {
@@ -701,32 +792,59 @@ void i8a_rotation_signs(uint64_t seed, size_t d, float *sign)
     }
 }
 
+/* Coded position pos of kv head g as floats into yk, yv: code * scale, plus the offset when
+ * `off`, rotated back. */
+static void dequantize_row(const i8a_kernels *kt, const i8a_cache *c, size_t g, size_t pos,
+                           int off, float *yk, float *yv)
+{
+    const size_t d = c->head_dim, row = g * c->max_seq + pos;
+    for (size_t i = 0; i < d; i++) {
+        yk[i] = (float)c->k_codes[row * d + i] * c->k_scale[row];
+        yv[i] = (float)c->v_codes[row * d + i] * c->v_scale[row];
+    }
+    if (off)
+        for (size_t i = 0; i < d; i++) {
+            yk[i] = yk[i] + c->k_offset[g * d + i];
+            yv[i] = yv[i] + c->v_offset[g * d + i];
+        }
+    if (c->sign) {
+        kt->rotate(yk, d, c->sign, 1, yk);
+        kt->rotate(yv, d, c->sign, 1, yv);
+    }
+}
+
 void i8a_dequantize(const i8a_kernels *kt, const i8a_cache *c, float *k, float *v)
 {
     const size_t d = c->head_dim, hkv = c->n_kv_heads;
     const int off = has_offsets(c, c->length);
     for (size_t pos = 0; pos < c->length; pos++) {
         for (size_t g = 0; g < hkv; g++) {
-            const size_t row = g * c->max_seq + pos, at = (pos * hkv + g) * d;
-            float *yk = k + at, *yv = v + at;
+            const size_t at = (pos * hkv + g) * d;
             if (c->k_first && pos == 0) {
-                memcpy(yk, c->k_first + g * d, d * sizeof(float));
-                memcpy(yv, c->v_first + g * d, d * sizeof(float));
-                continue;
-            }
-            for (size_t i = 0; i < d; i++) {
-                yk[i] = (float)c->k_codes[row * d + i] * c->k_scale[row];
-                yv[i] = (float)c->v_codes[row * d + i] * c->v_scale[row];
-            }
-            if (off && pos >= 1)
-                for (size_t i = 0; i < d; i++) {
-                    yk[i] = yk[i] + c->k_offset[g * d + i];
-                    yv[i] = yv[i] + c->v_offset[g * d + i];
-                }
-            if (c->sign) {
-                kt->rotate(yk, d, c->sign, 1, yk);
-                kt->rotate(yv, d, c->sign, 1, yv);
+                memcpy(k + at, c->k_first + g * d, d * sizeof(float));
+                memcpy(v + at, c->v_first + g * d, d * sizeof(float));
+            } else {
+                dequantize_row(kt, c, g, pos, off && pos >= 1, k + at, v + at);
             }
         }
     }
+}
+
+void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n)
+{
+    I8A_EXPECT(n <= c->length);
+    const size_t d = c->head_dim, cap = c->max_seq, keep = c->length - n;
+    if (n == 0)
+        return;
+    if (c->k_first && keep > 0)     /* position n, as decode read it, becomes the float row */
+        for (size_t g = 0; g < c->n_kv_heads; g++)
+            dequantize_row(kt, c, g, n, has_offsets(c, c->length), c->k_first + g * d,
+                           c->v_first + g * d);
+    for (size_t g = 0; g < c->n_kv_heads; g++) {
+        memmove(c->k_codes + g * cap * d, c->k_codes + (g * cap + n) * d, keep * d);
+        memmove(c->v_codes + g * cap * d, c->v_codes + (g * cap + n) * d, keep * d);
+        memmove(c->k_scale + g * cap, c->k_scale + g * cap + n, keep * sizeof(float));
+        memmove(c->v_scale + g * cap, c->v_scale + g * cap + n, keep * sizeof(float));
+    }
+    c->length = keep;
 }

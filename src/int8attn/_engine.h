@@ -95,6 +95,22 @@ size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_opti
 int i8a_decode(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t, size_t h,
                const i8a_options *opt, size_t max_threads, float *out, size_t *bad);
 
+/* i8a_decode over n distinct caches in one pool job: the (kv head, chunk) items of all of them
+ * share the threads (at most max_threads, by the work of the whole batch). Cache b decodes
+ * q + b * t * h * d into out + b * t * h * d. Requires n >= 1, the caches distinct (each decodes
+ * in its own workspace) with equal n_kv_heads and head_dim, t <= every cache's length, and
+ * i8a_decode's conditions on h and opt. Returns i8a_decode's codes, with *bad = b * t * h + the
+ * row in cache b's queries; on any error no out is written. */
+int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *q,
+                     size_t t, size_t h, const i8a_options *opt, size_t max_threads, float *out,
+                     size_t *bad);
+
+/* Forget the n oldest positions (n <= len): position n + i becomes position i, and len shrinks
+ * by n (a sliding-window layer's history past its window). With a kept first position, the new
+ * position 0's float row is its dequantized codes (what decode read for it before). The
+ * offsets, when the cache has them, stay. */
+void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n);
+
 /* The signs [d] (+-1) of the rotation with this seed: bit 63 of successive splitmix64 outputs
  * (part of the file format: a saved cache stores the seed, not the signs). */
 void i8a_rotation_signs(uint64_t seed, size_t d, float *sign);

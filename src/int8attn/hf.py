@@ -1,0 +1,394 @@
+"""Hugging Face transformers on int8attn caches: a cache and an attention implementation.
+
+>>> import int8attn.hf                    # registers attn_implementation="int8attn"
+>>> model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="int8attn")
+>>> cache = int8attn.hf.Int8Cache(model.config, max_cache_len=8192)
+>>> out = model.generate(**inputs, cache=cache, max_new_tokens=200)
+
+Each layer of the model keeps one ``Int8KVCache`` per sequence of the batch (the default
+format), and the attention of the prompt (a causal multi-token decode) and of every generated
+token runs over those int8 caches directly: no float copy of K or V is kept or rebuilt. A
+sliding-window layer keeps only what its window can still see (about its window plus a
+chunk of slack), so its memory does not grow with the context. Both fp32 and bf16 models work:
+q, k and v are converted to float32 on the way in and the output back to the model's dtype.
+
+Supported: full-attention and sliding-window layers (each its own window), GQA/MQA, the
+model's own softmax scale and logit soft cap (Gemma 2), batches of equal-length prompts
+(decoded in one call per layer over the thread pool), greedy and sampling generation, beam
+search (``reorder_cache``), ``crop`` (assisted generation), ``batch_repeat_interleave`` and
+``batch_select_indices``. Refused with a clear error: padded batches (padding would enter the
+caches), custom 4D attention masks, and layer types other than full and sliding attention.
+Inference only: no gradient flows through the attention. A call that raises inside the model
+(K, V or q holding NaN or Inf, say) leaves the layers before the failing one holding the call's
+tokens: ``reset()`` the cache (or ``crop`` it) before using it again.
+
+Without an ``Int8Cache`` (``use_cache=False``, or a transformers cache), the int8attn
+attention still runs: it quantizes the K and V it is given into temporary int8 caches for
+that call, so the numbers are the same kind, but nothing is kept between calls.
+
+Needs torch and transformers 5 (``pip install 'int8attn[hf]'``).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import numpy as np
+
+try:
+    import torch
+    import transformers
+    from transformers import AttentionInterface
+    from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
+    from transformers.masking_utils import AttentionMaskInterface
+except ImportError as e:                                  # pragma: no cover - depends on the venv
+    raise ImportError("int8attn.hf needs torch and transformers>=5: "
+                      "pip install 'int8attn[hf]'") from e
+
+from . import FORMATS, Int8KVCache, decode_batch
+
+if int(transformers.__version__.split(".")[0]) < 5:        # pragma: no cover
+    raise ImportError(f"int8attn.hf needs transformers>=5 (the cache= API), found "
+                      f"{transformers.__version__}")
+
+__all__ = ["Int8Cache", "Int8Layer", "NAME"]
+
+NAME = "int8attn"
+"""The ``attn_implementation`` this module registers."""
+
+# A sliding-window layer's cache holds its window (less one: the query itself is new) plus
+# SLACK tokens; when an append would not fit, it forgets all but the last window - 1 + ROLLBACK
+# tokens (ROLLBACK: what crop() can take back after that). A prompt longer than SLACK - ROLLBACK
+# is attended in chunks of that many queries, which always fit after that. (Read when a layer
+# is made.)
+SLACK = 512
+ROLLBACK = 64
+
+
+class _Pending(torch.Tensor):
+    """What a layer's update() returns instead of K and V: a marker carrying the layer, whose
+    new tokens the int8attn attention appends and attends over. Any torch operation on it
+    raises: only the int8attn attention can use it."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.__repr__:
+            return "<int8attn pending K/V>"
+        raise RuntimeError(
+            "an int8attn.hf.Int8Cache returned this in place of K/V: the model must attend with "
+            "attn_implementation='int8attn' (load it with that argument, or call "
+            "model.set_attn_implementation('int8attn'))")
+
+
+def _marker(layer: Int8Layer) -> torch.Tensor:
+    t = torch.Tensor._make_subclass(_Pending, torch.empty(0))
+    t.int8attn_layer = layer
+    return t
+
+
+def _as_rows(x: torch.Tensor) -> np.ndarray:
+    """[B, heads, T, D] torch -> [B, T, heads, D] float32 C-contiguous numpy."""
+    return x.detach().to(torch.float32).transpose(1, 2).contiguous().numpy()
+
+
+def _clone(c: Int8KVCache) -> Int8KVCache:
+    return Int8KVCache.from_state_dict(c.state_dict(), max_seq=c.max_seq)
+
+
+def _pick(caches: list[Int8KVCache], index: list[int]) -> list[Int8KVCache]:
+    """caches[i] for i in index, each cache used once and copied when picked again."""
+    used: set[int] = set()
+    out = []
+    for i in index:
+        out.append(caches[i] if i not in used else _clone(caches[i]))
+        used.add(i)
+    return out
+
+
+class Int8Layer(CacheLayerMixin):
+    """One attention layer's cache: an ``Int8KVCache`` per sequence of the batch, created at the
+    first update from the shapes of K and V ([B, Hkv, T, D]).
+
+    ``max_cache_len`` bounds the tokens a sequence may reach; a full-attention layer allocates
+    all of them up front, a sliding-window one at most ``sliding_window - 1 + SLACK``.
+    """
+
+    is_compileable = False
+    is_croppable = True
+    supports_early_init = False
+
+    def __init__(self, max_cache_len: int, sliding_window: int | None = None,
+                 kv_format: str = "default"):
+        super().__init__()
+        self.max_cache_len = max_cache_len
+        self.sliding_window = sliding_window
+        self.is_sliding = sliding_window is not None
+        self.kv_format = kv_format
+        self.slack, self.rollback = SLACK, ROLLBACK
+        self.caches: list[Int8KVCache] = []
+        self.seen = 0                  # positions of the sequence this layer has attended
+        self.pending: tuple[np.ndarray, np.ndarray] | None = None
+        self.marker: torch.Tensor | None = None     # what update() returns, made once
+
+    def __repr__(self) -> str:
+        kind = f"sliding_window={self.sliding_window}" if self.is_sliding else "full"
+        return (f"Int8Layer({kind}, batch={len(self.caches)}, seen={self.seen}, "
+                f"max_cache_len={self.max_cache_len})")
+
+    @property
+    def capacity(self) -> int:
+        if self.is_sliding:
+            return min(self.max_cache_len, self.sliding_window - 1 + self.slack)
+        return self.max_cache_len
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        b, hkv, _, d = key_states.shape
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.caches = [Int8KVCache(hkv, self.capacity, d, **FORMATS[self.kv_format])
+                       for _ in range(b)]
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Take the new tokens' K and V ([B, Hkv, T, D]); the int8attn attention of this layer,
+        which runs next, stores them and attends. Returns markers, not tensors of K and V."""
+        if key_states.device.type != "cpu":
+            raise ValueError(f"int8attn runs on the CPU; K/V are on {key_states.device}")
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        b, hkv, t, d = key_states.shape
+        c0 = self.caches[0]
+        if (b, hkv, d) != (len(self.caches), c0.n_kv_heads, c0.head_dim):
+            raise ValueError(f"int8attn: K/V of shape {list(key_states.shape)} do not fit this "
+                             f"cache (batch {len(self.caches)}, {c0.n_kv_heads} kv heads, head dim "
+                             f"{c0.head_dim}); reset() it or make a new Int8Cache")
+        if self.seen + t > self.max_cache_len:
+            raise ValueError(f"int8attn: {t} new token(s) after {self.seen} exceed "
+                             f"max_cache_len={self.max_cache_len}; make the Int8Cache larger")
+        self.pending = (_as_rows(key_states), _as_rows(value_states))
+        if self.marker is None:
+            self.marker = _marker(self)
+        return self.marker, self.marker
+
+    def attend(self, query: torch.Tensor, scale: float, window: int | None,
+               softcap: float | None) -> torch.Tensor:
+        """Store the pending tokens and attend: query [B, H, T, D] -> [B, T, H, D] in the
+        query's dtype."""
+        if self.pending is None:
+            raise RuntimeError("int8attn: attention without a preceding cache update")
+        k, v = self.pending
+        self.pending = None
+        if window != self.sliding_window:
+            raise ValueError(f"int8attn: the model attends with sliding_window={window} but the "
+                             f"config makes this layer's window {self.sliding_window}")
+        q = _as_rows(query)
+        t = q.shape[1]
+        if t != k.shape[1]:
+            raise ValueError(f"int8attn: {t} queries for {k.shape[1]} new K/V tokens; int8attn "
+                             f"attends each new token's query over the cache")
+        step = self.slack - self.rollback if self.is_sliding else t
+        parts = []
+        for a in range(0, t, step):
+            z = min(t, a + step)
+            self._store(k[:, a:z], v[:, a:z])
+            try:
+                parts.append(decode_batch(self.caches, q[:, a:z], scale=scale, window=window,
+                                          softcap=softcap))
+            except BaseException:
+                for c in self.caches:
+                    c.truncate(len(c) - (z - a))
+                raise
+            self.seen += z - a
+        out = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+        return torch.from_numpy(out).to(query.dtype)
+
+    def _store(self, k: np.ndarray, v: np.ndarray) -> None:
+        n = k.shape[1]
+        for c in self.caches:
+            if len(c) + n > c.max_seq:           # a sliding layer: forget what no query sees
+                c.evict(len(c) - min(len(c), self.sliding_window - 1 + self.rollback))
+        done = 0
+        try:
+            for c in self.caches:
+                c.append(k[done], v[done])
+                done += 1
+        except BaseException:
+            for c in self.caches[:done]:
+                c.truncate(len(c) - n)
+            raise
+
+    def __deepcopy__(self, memo: dict) -> Int8Layer:
+        """A copy with its own caches (prompt reuse: ``copy.deepcopy(cache)``)."""
+        new = Int8Layer.__new__(Int8Layer)
+        new.__dict__.update(self.__dict__)
+        new.caches = [_clone(c) for c in self.caches]
+        new.marker = None
+        return new
+
+    # -- what transformers asks of a layer ---------------------------------------------------
+
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_max_length(self) -> int:
+        return self.max_cache_len
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.seen + query_length, 0
+
+    def reset(self) -> None:
+        for c in self.caches:
+            c.reset()
+        self.seen = 0
+        self.pending = None
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Forget the last ``-tokens_to_remove`` tokens (a negative count, as transformers
+        passes it; 0 does nothing). A sliding-window layer can take back at most what it still
+        holds beyond its window."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a negative count of tokens to remove, got "
+                             f"{tokens_to_remove}")
+        n = -tokens_to_remove
+        if n == 0 or not self.caches:
+            return
+        if n > self.seen:
+            raise ValueError(f"crop: cannot remove {n} tokens from {self.seen}")
+        held = len(self.caches[0])
+        need = min(self.seen - n, self.sliding_window - 1) if self.is_sliding else 0
+        if held - n < need:
+            raise RuntimeError(f"crop: this sliding-window layer holds {held} tokens; removing "
+                               f"{n} would leave fewer than the {need} its window still sees")
+        for c in self.caches:
+            c.truncate(len(c) - n)
+        self.seen -= n
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.caches = _pick(self.caches, [int(i) for i in beam_idx])
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self.caches = _pick(self.caches, [i for i in range(len(self.caches))
+                                          for _ in range(repeats)])
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.caches = _pick(self.caches, [int(i) for i in indices])
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.caches)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.caches)
+
+
+class Int8Cache(Cache):
+    """A transformers ``Cache`` whose layers keep K and V in int8attn caches.
+
+    Parameters
+    ----------
+    config : transformers.PretrainedConfig
+        The model's config (``model.config``); its text config gives the layer types and
+        sliding windows. The model must use ``attn_implementation="int8attn"``.
+    max_cache_len : int
+        The most tokens (prompt and generated) a sequence may reach.
+    kv_format : str
+        One of ``int8attn.FORMATS`` (default ``"default"``).
+    """
+
+    def __init__(self, config: Any, max_cache_len: int, *, kv_format: str = "default"):
+        if not isinstance(max_cache_len, int) or isinstance(max_cache_len, bool) \
+                or max_cache_len < 1:
+            raise ValueError(f"max_cache_len must be a positive int, got {max_cache_len!r}")
+        if kv_format not in FORMATS:
+            raise ValueError(f"kv_format must be one of {sorted(FORMATS)}, got {kv_format!r}")
+        text = config.get_text_config(decoder=True)
+        impl = getattr(text, "_attn_implementation", None)
+        if impl != NAME:
+            raise ValueError(f"Int8Cache needs the model loaded with attn_implementation="
+                             f"'{NAME}' (this config has {impl!r}); import int8attn.hf first")
+        if getattr(text, "use_bidirectional_attention", False):
+            raise ValueError("int8attn attends causally; this config uses bidirectional "
+                             "attention")
+        types, kwargs = get_layer_types_and_kwargs(text)
+        layers = []
+        for i, (kind, kw) in enumerate(zip(types, kwargs)):
+            if kind == "full_attention":
+                layers.append(Int8Layer(max_cache_len, None, kv_format))
+            elif kind == "sliding_attention":
+                layers.append(Int8Layer(max_cache_len, int(kw["sliding_window"]), kv_format))
+            else:
+                raise ValueError(f"int8attn caches full and sliding-window attention layers; "
+                                 f"layer {i} is {kind!r}")
+        super().__init__(layers=layers)
+        self.max_cache_len = max_cache_len
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every layer's int8 caches (codes, scales and float rows)."""
+        return sum(layer.nbytes for layer in self.layers)
+
+
+# -- the attention and mask functions -------------------------------------------------------
+
+def _ephemeral(key: torch.Tensor, value: torch.Tensor, query: torch.Tensor, scale: float,
+               window: int | None, softcap: float | None) -> torch.Tensor:
+    """K and V as given (no Int8Cache): quantized into temporary caches for this call only."""
+    b, hkv, s, d = key.shape
+    layer = Int8Layer(s, None)
+    layer.update(key, value)
+    k, v = layer.pending
+    layer.pending = None
+    layer._store(k, v)
+    q = _as_rows(query)
+    out = decode_batch(layer.caches, q, scale=scale, window=window, softcap=softcap)
+    return torch.from_numpy(out).to(query.dtype)
+
+
+_warned = False
+
+
+def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+              value: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float | None = None,
+              dropout: float = 0.0, sliding_window: int | None = None, softcap: float | None = None,
+              **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """The attention registered as ``"int8attn"``: query [B, H, T, D]; key and value the
+    markers of an ``Int8Layer`` (or, without an Int8Cache, float [B, Hkv, S, D]). Returns
+    ([B, T, H, D] in the query's dtype, None)."""
+    global _warned
+    if attention_mask is not None:
+        raise ValueError("int8attn attends causally (with each layer's window) and takes no "
+                         "attention mask; this call was given one")
+    if kwargs.get("output_attentions"):
+        raise ValueError("int8attn does not return attention weights (output_attentions)")
+    d = query.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scaling is None else float(scaling)
+    layer = getattr(key, "int8attn_layer", None)
+    if layer is not None:
+        return layer.attend(query, scale, sliding_window, softcap), None
+    if query.shape[2] != key.shape[2] and not _warned:
+        _warned = True
+        warnings.warn("int8attn attention without an int8attn.hf.Int8Cache: the past K/V are "
+                      "quantized again on every call; pass cache=int8attn.hf.Int8Cache(model.config,"
+                      " max_cache_len=...) to keep them in int8", stacklevel=2)
+    return _ephemeral(key, value, query, scale, sliding_window, softcap), None
+
+
+def mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
+         mask_function: Any = None, attention_mask: torch.Tensor | None = None,
+         **kwargs: Any) -> None:
+    """The mask function registered as ``"int8attn"``: the attention is causal with each
+    layer's window by construction, so no mask is built; a padded batch is refused here,
+    before any layer runs."""
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise ValueError(
+            "int8attn: this batch is padded (attention_mask holds zeros). int8attn keeps one "
+            "cache per sequence and does not take padding yet: pass prompts of equal length "
+            "(or one prompt at a time)")
+    return None
+
+
+AttentionInterface.register(NAME, attention)
+AttentionMaskInterface.register(NAME, mask)
