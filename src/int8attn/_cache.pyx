@@ -637,9 +637,9 @@ def decode_batch(caches, q, *, scale=None, q_bits=16, out=None, window=None, sin
     Returns float32 of q's shape, like ``decode``. Every cache is taken for the whole call (a
     cache in use by another thread raises RuntimeError); a call that raises writes no output.
     """
-    seq = list(caches) if not isinstance(caches, Int8KVCache) else None
-    if seq is None:
+    if isinstance(caches, Int8KVCache):
         raise TypeError("caches must be a sequence of Int8KVCache, got one Int8KVCache")
+    seq = list(caches)
     if not seq:
         raise ValueError("caches must hold at least one Int8KVCache, got an empty sequence")
     for i, c in enumerate(seq):
@@ -654,14 +654,13 @@ def decode_batch(caches, q, *, scale=None, q_bits=16, out=None, window=None, sin
             ci._enter()
             taken.append(ci)
         c0 = seq[0]
+        shortest, widest = c0._c.length, c0._c.max_seq
         for i, ci in enumerate(seq):
             if (ci._c.n_kv_heads, ci._c.head_dim) != (c0._c.n_kv_heads, c0._c.head_dim):
                 raise ValueError(
                     f"caches[{i}] has n_kv_heads={ci._c.n_kv_heads}, head_dim={ci._c.head_dim}; "
                     f"caches[0] has n_kv_heads={c0._c.n_kv_heads}, head_dim={c0._c.head_dim}: "
                     f"a batch needs them equal")
-        shortest, widest = c0._c.length, c0._c.max_seq
-        for ci in seq:
             shortest, widest = min(shortest, ci._c.length), max(widest, ci._c.max_seq)
         qa, out, result, s, bits, w, n, cap = _args.decode(
             q, scale, q_bits, out, window, sinks, softcap, shortest, c0._c.n_kv_heads,

@@ -305,9 +305,17 @@ typedef struct {
     size_t state_bytes, worker_bytes;
 } layout;
 
-/* The plan for `threads` threads (the count a batch decodes with: every worker has its scratch). */
-static layout plan(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
-                   size_t threads)
+/* The plan L for another thread count (the per-thread scratch is last in the workspace). */
+static layout with_threads(layout L, size_t threads)
+{
+    L.threads = threads;
+    L.end = L.workers + threads * L.worker_bytes;
+    return L;
+}
+
+/* The plan for one thread (with_threads() gives it the count a batch decodes with, so that
+ * every worker has its scratch). */
+static layout plan(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt)
 {
     const size_t d = c->head_dim, f = sizeof(float), hkv = c->n_kv_heads;
     layout L;
@@ -315,7 +323,6 @@ static layout plan(const i8a_cache *c, size_t t, size_t h, const i8a_options *op
     L.parts = opt->window && opt->sinks ? 2 : 1;
     L.runs = visible_chunks(c, t, opt);
     L.nvis = L.runs.count[0] + L.runs.count[1];
-    L.threads = threads;
     L.state_bytes = align64(L.rows * (d + 2) * f);
     L.worker_bytes = align64(2 * L.rows * I8A_CHUNK * f);
     const size_t qrows = hkv * L.rows;
@@ -331,14 +338,13 @@ static layout plan(const i8a_cache *c, size_t t, size_t h, const i8a_options *op
     L.run_l = L.run_m + align64(qrows * f);
     L.states = L.run_l + align64(qrows * f);
     L.workers = L.states + hkv * L.nvis * L.parts * L.state_bytes;
-    L.end = L.workers + L.threads * L.worker_bytes;
-    return L;
+    return with_threads(L, 1);
 }
 
 size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
                           size_t max_threads)
 {
-    const size_t items = c->n_kv_heads * plan(c, t, h, opt, 1).nvis;
+    const size_t items = c->n_kv_heads * plan(c, t, h, opt).nvis;
     return threads_for(work_of(c, t, h, items), items, max_threads);
 }
 
@@ -599,15 +605,14 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
     }
 }
 
-/* Set up job (planned for `threads` threads) for a decode of cache c: its workspace, the q
- * planes and biases, the chunk counters. Returns 0, or i8a_decode's codes with *bad the q row. */
+/* Set up job for a decode of cache c by its plan L: its workspace, the q planes and biases, the
+ * chunk counters. Returns 0, or i8a_decode's codes with *bad the q row. */
 static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t, size_t h,
-                   const i8a_options *opt, size_t threads, float *out, decode_job *job,
+                   const i8a_options *opt, const layout L, float *out, decode_job *job,
                    size_t *bad)
 {
     const size_t d = c->head_dim, hkv = c->n_kv_heads, nq = h / hkv;
     I8A_EXPECT(t >= 1 && t <= c->length && h >= hkv && h % hkv == 0);
-    const layout L = plan(c, t, h, opt, threads);
     if (reserve_work(c, L.end) != 0)
         return 3;
     const decode_job init = {kt, c, opt, (char *)c->work, L, t, h, nq, out};
@@ -658,7 +663,6 @@ static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t
 typedef struct {
     const decode_job *jobs;
     const size_t *first;
-    size_t n;
 } batch_job;
 
 static void batch_range(void *ctx, size_t begin, size_t end, size_t after, size_t worker)
@@ -708,7 +712,8 @@ int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, cons
     size_t work = 0;
     first[0] = 0;
     for (size_t b = 0; b < n; b++) {
-        const size_t items = cs[b]->n_kv_heads * plan(cs[b], t, h, opt, 1).nvis;
+        jobs[b].L = plan(cs[b], t, h, opt);
+        const size_t items = cs[b]->n_kv_heads * jobs[b].L.nvis;
         work += work_of(cs[b], t, h, items);
         first[b + 1] = first[b] + items;
     }
@@ -717,7 +722,8 @@ int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, cons
     int rc = 0;
     for (size_t b = 0; b < n && rc == 0; b++) {
         I8A_EXPECT(cs[b]->head_dim == cs[0]->head_dim && cs[b]->n_kv_heads == cs[0]->n_kv_heads);
-        rc = prepare(kt, cs[b], q + b * qsize, t, h, opt, threads, out + b * qsize, &jobs[b], bad);
+        rc = prepare(kt, cs[b], q + b * qsize, t, h, opt, with_threads(jobs[b].L, threads),
+                     out + b * qsize, &jobs[b], bad);
         if (rc != 0 && rc != 3)
             *bad += b * t * h;
     }
@@ -726,7 +732,7 @@ int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, cons
             if (jobs[b].L.nvis == 0)
                 for (size_t g = 0; g < cs[b]->n_kv_heads; g++)
                     finish_head(&jobs[b], g);
-        const batch_job batch = {jobs, first, n};
+        const batch_job batch = {jobs, first};
         if (first[n])
             i8a_pool_run(first[n], threads, batch_range, (void *)&batch);
     }

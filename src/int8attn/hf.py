@@ -31,7 +31,6 @@ Needs torch and transformers 5 (``pip install 'int8attn[hf]'``).
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any
 
@@ -172,7 +171,7 @@ class Int8Layer(CacheLayerMixin):
             self.marker = _marker(self)
         return self.marker, self.marker
 
-    def attend(self, query: torch.Tensor, scale: float, window: int | None,
+    def attend(self, query: torch.Tensor, scale: float | None, window: int | None,
                softcap: float | None) -> torch.Tensor:
         """Store the pending tokens and attend: query [B, H, T, D] -> [B, T, H, D] in the
         query's dtype."""
@@ -333,17 +332,15 @@ class Int8Cache(Cache):
 
 # -- the attention and mask functions -------------------------------------------------------
 
-def _ephemeral(key: torch.Tensor, value: torch.Tensor, query: torch.Tensor, scale: float,
-               window: int | None, softcap: float | None) -> torch.Tensor:
+def _ephemeral(key: torch.Tensor, value: torch.Tensor, query: torch.Tensor,
+               scale: float | None, window: int | None, softcap: float | None) -> torch.Tensor:
     """K and V as given (no Int8Cache): quantized into temporary caches for this call only."""
-    b, hkv, s, d = key.shape
-    layer = Int8Layer(s, None)
-    layer.update(key, value)
-    k, v = layer.pending
-    layer.pending = None
-    layer._store(k, v)
-    q = _as_rows(query)
-    out = decode_batch(layer.caches, q, scale=scale, window=window, softcap=softcap)
+    _, hkv, s, d = key.shape
+    caches = []
+    for kb, vb in zip(_as_rows(key), _as_rows(value)):
+        caches.append(Int8KVCache(hkv, s, d, **FORMATS["default"]))
+        caches[-1].append(kb, vb)
+    out = decode_batch(caches, _as_rows(query), scale=scale, window=window, softcap=softcap)
     return torch.from_numpy(out).to(query.dtype)
 
 
@@ -363,17 +360,15 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                          "attention mask; this call was given one")
     if kwargs.get("output_attentions"):
         raise ValueError("int8attn does not return attention weights (output_attentions)")
-    d = query.shape[-1]
-    scale = 1.0 / math.sqrt(d) if scaling is None else float(scaling)
-    layer = getattr(key, "int8attn_layer", None)
+    layer = getattr(key, "int8attn_layer", None)       # scaling None: decode's 1/sqrt(D)
     if layer is not None:
-        return layer.attend(query, scale, sliding_window, softcap), None
+        return layer.attend(query, scaling, sliding_window, softcap), None
     if query.shape[2] != key.shape[2] and not _warned:
         _warned = True
         warnings.warn("int8attn attention without an int8attn.hf.Int8Cache: the past K/V are "
                       "quantized again on every call; pass cache=int8attn.hf.Int8Cache(model.config,"
                       " max_cache_len=...) to keep them in int8", stacklevel=2)
-    return _ephemeral(key, value, query, scale, sliding_window, softcap), None
+    return _ephemeral(key, value, query, scaling, sliding_window, softcap), None
 
 
 def mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
