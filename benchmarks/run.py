@@ -83,10 +83,11 @@ def print_table(results):
 
 
 def print_rotation(results, default_tier, costs=()):
-    """Decode and append cost of the default format (rotation, float position 0, offsets) over
-    the seed's plain one, from this run's medians: each plain case against its default twin
-    (the default tier named or not); then the decodes of the two formats interleaved
-    (_bench.format_cost), which a drift of the machine's speed does not tilt."""
+    """Decode and append cost of the default format (rotation, float position 0, the recent
+    window) over the seed's plain one, from this run's medians: each plain case against its
+    default twin (the default tier named or not); then the decodes of the default, the
+    previous default ("centered") and plain interleaved (_bench.format_cost), which a drift of
+    the machine's speed does not tilt."""
     rows = []
     for r in results:
         c = r["case"]
@@ -98,8 +99,8 @@ def print_rotation(results, default_tier, costs=()):
         if rotated:
             rows.append((c["tokens"], rotated, r))
     if rows:
-        print("\ndefault format over plain, i.e. rotation + float position 0 + offsets (medians; "
-              "decode, append of the whole context, append of one token):")
+        print("\ndefault format over plain, i.e. rotation + float position 0 + recent window "
+              "(medians; decode, append of the whole context, append of one token):")
         for tokens, r, p in rows:
             dec = r["time"]["median"] / p["time"]["median"] - 1
             print(f"  {tokens:>6} tokens: decode {p['time']['median'] * 1e6:8.1f} -> "
@@ -108,12 +109,15 @@ def print_rotation(results, default_tier, costs=()):
                   f"append one {p['append_one_time']['median'] * 1e6:5.2f} -> "
                   f"{r['append_one_time']['median'] * 1e6:5.2f} us")
     if costs:
-        print("decode, the two formats interleaved (median of per-round default / plain; "
-              "medians of each):")
+        names = costs[0]["formats"]
+        print(f"decode, the formats interleaved (median of per-round {names[0]} / other; "
+              "medians of each, us):")
         for c in costs:
-            print(f"  {c['tokens']:>6} tokens: {(c['ratio'] - 1) * 100:+.1f}%  "
-                  f"({c['plain']['median'] * 1e6:.1f} -> {c['default']['median'] * 1e6:.1f} us, "
-                  f"{c['default']['n']} rounds)")
+            cells = ", ".join(f"{name} {c['time'][name]['median'] * 1e6:.1f}" for name in names)
+            ratios = ", ".join(f"over {name} {(c['ratio'][name] - 1) * 100:+.1f}%"
+                               for name in names[1:])
+            print(f"  {c['tokens']:>6} tokens: {cells}  ({names[0]} {ratios}; "
+                  f"{c['time'][names[0]]['n']} rounds)")
 
 
 def print_contention(rows):

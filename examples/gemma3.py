@@ -115,18 +115,45 @@ class FloatCache:
     attention in numpy (int8attn.reference)."""
 
     def __init__(self, n_kv_heads, head_dim, bf16=False):
-        self.k = np.zeros((0, n_kv_heads, head_dim), np.float32)
-        self.v = np.zeros((0, n_kv_heads, head_dim), np.float32)
-        self.bf16 = bf16
+        self._k = np.zeros((16, n_kv_heads, head_dim), np.float32)
+        self._v = np.zeros((16, n_kv_heads, head_dim), np.float32)
+        self.n, self.bf16 = 0, bf16
+
+    @property
+    def k(self):
+        return self._k[:self.n]
+
+    @property
+    def v(self):
+        return self._v[:self.n]
 
     def append(self, k, v):
         if self.bf16:
             k, v = round_bf16(k), round_bf16(v)
-        self.k = np.concatenate([self.k, k])
-        self.v = np.concatenate([self.v, v])
+        t = len(k)
+        if self.n + t > len(self._k):                # grow by doubling: appends stay O(1)
+            size = max(2 * len(self._k), self.n + t)
+            self._k = np.concatenate([self.k, np.zeros((size - self.n,) + k.shape[1:], np.float32)])
+            self._v = np.concatenate([self.v, np.zeros((size - self.n,) + v.shape[1:], np.float32)])
+        self._k[self.n:self.n + t], self._v[self.n:self.n + t] = k, v
+        self.n += t
 
     def decode(self, q, *, scale, window=None):
-        return R.attention(q, self.k, self.v, scale=scale, window=window)
+        """int8attn.reference.attention's result, by kv head with matrix products (float64)."""
+        q = np.asarray(q, np.float64)
+        t, h, d = q.shape
+        hkv = self.k.shape[1]
+        qg = q.reshape(t, hkv, h // hkv, d).transpose(1, 0, 2, 3).reshape(hkv, -1, d)
+        k = self.k.transpose(1, 2, 0).astype(np.float64)          # [Hkv, D, S]
+        v = self.v.transpose(1, 0, 2).astype(np.float64)          # [Hkv, S, D]
+        logits = (qg @ k) * scale                                 # [Hkv, T * G, S]
+        seen = np.repeat(R.visible(self.n, t, window=window), h // hkv, axis=0)
+        logits = np.where(seen[None], logits, -np.inf)
+        logits -= logits.max(axis=-1, keepdims=True)
+        p = np.exp(logits)
+        p /= p.sum(axis=-1, keepdims=True)
+        out = (p @ v).reshape(hkv, t, h // hkv, d).transpose(1, 0, 2, 3).reshape(t, h, d)
+        return out.astype(np.float32)
 
 
 def rms_norm(x, w, eps):
@@ -244,22 +271,27 @@ def softmax(x):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-# The rows of the quality report: (name, cache kind, Int8KVCache keywords).
-# "plain" is the seed's format; "rotated" adds the rotation alone; "keep_first" also keeps
-# position 0 as floats; "default" is what Int8KVCache() makes (all that, and the offsets).
+# The rows of the quality report: (name, cache kind, Int8KVCache keywords), one per format of
+# int8attn.FORMATS: "plain" is the seed's format; "rotated" adds the rotation alone;
+# "keep_first" also keeps position 0 as floats; "centered" adds the offsets (the default before
+# the recent window); "default" is what Int8KVCache() makes (keep_first and the recent window);
+# "recent_centered" centers it too.
 VARIANTS = (("fp32", "fp32", {}), ("bf16", "bf16", {}),
-            ("int8, plain", "int8", ia.FORMATS["plain"]),
-            ("int8, rotated", "int8", ia.FORMATS["rotated"]),
-            ("int8, keep_first", "int8", ia.FORMATS["keep_first"]),
-            ("int8, default", "int8", ia.FORMATS["default"]))
+            *((f"int8, {name}", "int8", options) for name, options in ia.FORMATS.items()))
 INT8 = [name for name, kind, _ in VARIANTS if kind == "int8"]
 
 
 def compare(model, text_path, first=1000, chunk=128, rotation_seed=0, variants=VARIANTS,
-            limit=None, progress=None):
+            limit=None, progress=None, stream=False, step=64):
     """Teacher-forced over the text (its first `limit` tokens when given): the int8 formats of
     VARIANTS, and a bfloat16 cache for scale, each against float attention over an unquantized
-    cache. Returns per variant the top-1 agreement and the KL divergence of the next-token
+    cache. The first `first` tokens go through the model in chunks of `chunk` (None: in one
+    call, a bulk prefill), or with `stream` as if one by one; the scored positions after them
+    `step` at a time. A decode of T <= 64 queries (the default format's recent window) reads
+    exactly what T single-token decodes read, bit for bit (the suite checks it), so `step` 64
+    scores what generating token by token scores, in far fewer calls; `stream` sends tokens 0
+    and 1 alone (a cache appended one token at a time sets no offsets) and then 64 at a
+    time. Returns per variant the top-1 agreement and the KL divergence of the next-token
     distributions at every position with at least `first` tokens before it (mean, median, max,
     the three positions with the largest, as (position, KL), and per position: "kl", "agree"),
     and for the int8 variants, per layer, the error of the attention output at the last
@@ -302,10 +334,12 @@ def compare(model, text_path, first=1000, chunk=128, rotation_seed=0, variants=V
             errs[i] = (rel_err(a[-1], ref_dq), rel_err(a[-1], ref_fp))
 
         out = []
-        for s in range(0, n, chunk):
-            record.final = s + chunk >= n
-            tap = [RawTap(c, r) for c, r in zip(caches, raw)] if kind == "int8" else caches
-            out.append(model.forward(ids[s:s + chunk], s, tap, record))
+        tap = [RawTap(c, r) for c, r in zip(caches, raw)] if kind == "int8" else caches
+        prefix = [0, 1, *range(2, first, step)] if stream else [*range(0, first, chunk or first)]
+        bounds = [*prefix, *range(first, n, step), n]
+        for s, e in zip(bounds[:-1], bounds[1:]):
+            record.final = e >= n
+            out.append(model.forward(ids[s:e], s, tap, record))
         hidden[name] = np.concatenate(out)[first:]
         layers[name] = errs
     # logits block by block: the vocabulary is 262144 wide
@@ -370,6 +404,11 @@ def main(argv=None):
                     help="--compare: teacher-force only the text's first N tokens")
     ap.add_argument("--rotation-seed", type=int, default=0,
                     help="--compare: the rotated int8 caches' rotation_seed (default 0, int8attn's)")
+    ap.add_argument("--stream", action="store_true",
+                    help="--compare: every token in its own call (default: the first --first "
+                         "tokens in one call, a bulk prefill)")
+    ap.add_argument("--formats", nargs="+", choices=list(ia.FORMATS), default=None,
+                    help="--compare: only these int8 formats (default: all of int8attn.FORMATS)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     model = Gemma3(model_path())
@@ -381,11 +420,17 @@ def main(argv=None):
         print(args.prompt + text)
         print(f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
         return
-    rep = compare(model, args.text, args.first, rotation_seed=args.rotation_seed, limit=args.limit,
+    variants = VARIANTS if args.formats is None else VARIANTS[:2] + tuple(
+        (f"int8, {name}", "int8", ia.FORMATS[name]) for name in args.formats)
+    rep = compare(model, args.text, args.first, chunk=None, rotation_seed=args.rotation_seed,
+                  variants=variants, limit=args.limit, stream=args.stream,
                   progress=lambda m: print(m, file=sys.stderr, flush=True))
-    print(f"teacher-forced over {rep['tokens']} tokens; next-token distributions at the "
-          f"{rep['positions']} positions after the first {rep['first']}, against fp32 attention "
-          "over an unquantized cache:")
+    how = ("streamed, as if one token per call" if args.stream
+           else f"the first {rep['first']} in one call, then as if one per call")
+    print(f"teacher-forced over {rep['tokens']} tokens ({how}); next-token "
+          f"distributions at the {rep['positions']} positions after the first {rep['first']}, "
+          f"against fp32 attention over an unquantized cache (rotation seed "
+          f"{args.rotation_seed}):")
     print(f"  {'cache':<24} {'top-1':>7} {'flips':>6} {'KL mean':>9} {'median':>9} {'KL max':>9}  "
           "(flips: changed choices, and the widest fp32 margin among them, in logits)")
     for name, row in rep["rows"].items():
@@ -399,9 +444,10 @@ def main(argv=None):
               + f"  ({share:.0%})")
     print("attention output at the last position, per layer (max|err| / max|ref|), against the "
           "cache's dequantized history / against the unquantized K/V:")
-    print(f"  {'layer':>5}  {'kind':<6}  " + "  ".join(f"{name:>22}" for name in INT8))
+    int8 = [name for name in rep["rows"] if name.startswith("int8")]
+    print(f"  {'layer':>5}  {'kind':<6}  " + "  ".join(f"{name:>22}" for name in int8))
     for i in range(model.n_layers):
-        cells = [rep["rows"][name]["layers"][i] for name in INT8]
+        cells = [rep["rows"][name]["layers"][i] for name in int8]
         print(f"  {i:>5}  {'local' if model.local(i) else 'global':<6}  "
               + "  ".join(f"   {a:>8.1e} / {b:>8.1e}" for a, b in cells))
 

@@ -44,7 +44,9 @@ def quantize_groups(x, group):
 class EmulatedCache:
     """One layer's cache in an emulated format.
 
-    rotate, rotation_seed, keep_first, center: as Int8KVCache's. k_group, v_group: elements per
+    rotate, rotation_seed, keep_first, center, recent: as Int8KVCache's (``k``, ``v`` are the
+    history a single-token decode reads: the last ``recent`` rows as appended; a multi-token
+    decode here reads that history for every query). k_group, v_group: elements per
     scale (None: the whole row, the kernels' format). quantize_k, quantize_v: False keeps that
     side as float32 (to see which side the loss is in). balance: K's channels are divided by
     d = (E (k - offset)^2 / E q^2) ** (1/4) before the rotation and q's multiplied by it, which
@@ -54,16 +56,19 @@ class EmulatedCache:
     """
 
     def __init__(self, n_kv, head_dim, *, rotate=True, rotation_seed=0, keep_first=True,
-                 center=None, k_group=None, v_group=None, quantize_k=True, quantize_v=True,
-                 balance=False):
-        center = keep_first if center is None else center
+                 center=None, recent=ia.FORMATS["default"]["recent"], k_group=None,
+                 v_group=None, quantize_k=True, quantize_v=True, balance=False):
+        center = keep_first and ia.FORMATS["default"]["center"] if center is None else center
         if center and not keep_first:
             raise ValueError("center needs keep_first, as in Int8KVCache")
         for name, g in (("k_group", k_group), ("v_group", v_group)):
             if g is not None and (g <= 0 or head_dim % g):
                 raise ValueError(f"{name} must divide head_dim={head_dim}, got {g}")
-        self.k = np.zeros((0, n_kv, head_dim), np.float32)
-        self.v = np.zeros((0, n_kv, head_dim), np.float32)
+        self._k = np.zeros((0, n_kv, head_dim), np.float32)    # through the format
+        self._v = np.zeros((0, n_kv, head_dim), np.float32)
+        self.raw_k = np.zeros((0, n_kv, head_dim), np.float32)  # as appended
+        self.raw_v = np.zeros((0, n_kv, head_dim), np.float32)
+        self.recent = recent
         self.sign = R.rotation_signs(head_dim, rotation_seed) if rotate else None
         self.keep_first, self.center = keep_first, center
         self.groups = (k_group or head_dim, v_group or head_dim)
@@ -92,28 +97,49 @@ class EmulatedCache:
             y[0] = x[0]
         return y
 
+    @property
+    def k(self):
+        return self._history(self._k, self.raw_k)
+
+    @property
+    def v(self):
+        return self._history(self._v, self.raw_v)
+
+    def _history(self, through, raw):
+        n = min(self.recent, len(raw) - (1 if self.keep_first else 0))
+        return through if n <= 0 else np.concatenate([through[:len(raw) - n], raw[len(raw) - n:]])
+
     def append(self, k, v):
         k, v = np.asarray(k, np.float32), np.asarray(v, np.float32)
-        n0, t = len(self.k), len(k)
-        if self.center and self.offsets is None and n0 + t >= 2:
+        n0, t = len(self._k), len(k)
+        self.raw_k = np.concatenate([self.raw_k, k])
+        self.raw_v = np.concatenate([self.raw_v, v])
+        if self.center and self.offsets is None and self.recent and n0 + t >= self.recent + 1:
+            # with a recent window: the mean of positions 1 .. recent, whatever the appends
+            rows = self.recent if self.recent >= OFFSET_MIN_ROWS else 0
+            self.offsets = [x[1:1 + rows].astype(np.float64).mean(0).astype(np.float32) if rows
+                            else np.zeros(k.shape[1:], np.float32) for x in (self.raw_k, self.raw_v)]
+            self._k, self._v = self._k[:0], self._v[:0]     # every row again, centered
+            k, v, n0 = self.raw_k, self.raw_v, 0
+        elif self.center and self.offsets is None and not self.recent and n0 + t >= 2:
             if n0 + t - 1 < OFFSET_MIN_ROWS:
                 self.offsets = [np.zeros(k.shape[1:], np.float32)] * 2
             else:                                 # the mean of the append's rows past position 0
                 self.offsets = [x[1 - n0:].astype(np.float64).mean(0).astype(np.float32)
                                 for x in (k, v)]
-        self.k = np.concatenate([self.k, k if self.d is None else self._through(k, 0, n0)])
-        self.v = np.concatenate([self.v, self._through(v, 1, n0)])
+        self._k = np.concatenate([self._k, k if self.d is None else self._through(k, 0, n0)])
+        self._v = np.concatenate([self._v, self._through(v, 1, n0)])
 
     def _set_balance(self, q):
-        k = self.k[1:].astype(np.float64) - (0 if self.offsets is None else self.offsets[0])
-        ek = np.mean(k * k, axis=0) if len(k) else np.ones(self.k.shape[1:])
+        k = self._k[1:].astype(np.float64) - (0 if self.offsets is None else self.offsets[0])
+        ek = np.mean(k * k, axis=0) if len(k) else np.ones(self._k.shape[1:])
         n_kv, dim = ek.shape
         eq = np.mean(np.square(q, dtype=np.float64).reshape(-1, n_kv, q.shape[1] // n_kv, dim),
                      axis=(0, 2))
         ek, eq = (np.maximum(e, 1e-6 * e.mean(-1, keepdims=True) + 1e-30) for e in (ek, eq))
         d = (ek / eq) ** 0.25
         self.d = (d / np.exp(np.log(d).mean(-1, keepdims=True))).astype(np.float32)
-        self.k = self._through(self.k, 0, 0)
+        self._k = self._through(self._k, 0, 0)
 
     def decode(self, q, *, scale, window=None):
         if self.d is None:
@@ -128,17 +154,17 @@ def emulated(model, n_tokens, **options):
 
 # name -> EmulatedCache keywords (the rotation seed is added per run); "bf16" is the float
 # cache rounded to bfloat16, for scale.
+_OLD = ia.FORMATS["centered"]      # the what-ifs are variants of the default before 0.4
 FORMATS = {
     "bf16": None,
-    "rotated": ia.FORMATS["rotated"],
-    "keep_first": ia.FORMATS["keep_first"],
-    "default": ia.FORMATS["default"],
-    "K only": {"quantize_v": False},
-    "V only": {"quantize_k": False},
-    "k32": {"k_group": 32},
-    "k16": {"k_group": 16},
-    "balanced": {"balance": True},
-    "balanced k16": {"balance": True, "k_group": 16},
+    **{name: ia.FORMATS[name] for name in ("rotated", "keep_first", "centered", "default",
+                                            "recent_centered")},
+    "K only": {**_OLD, "quantize_v": False},
+    "V only": {**_OLD, "quantize_k": False},
+    "k32": {**_OLD, "k_group": 32},
+    "k16": {**_OLD, "k_group": 16},
+    "balanced": {**_OLD, "balance": True},
+    "balanced k16": {**_OLD, "balance": True, "k_group": 16},
 }
 
 

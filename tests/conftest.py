@@ -6,6 +6,7 @@ import pytest
 
 import int8attn as ia
 from int8attn import _cache
+from int8attn import reference as R
 
 # The tiers a run tests. A run that pins one with INT8ATTN_ISA (.ci/test_wheel.py runs the suite
 # once per tier) tests that tier only: the other runs test the others. A run without it tests
@@ -128,3 +129,21 @@ def assert_same_state(cache, snap):
         assert (a is None) == (b is None)
         if a is not None:
             np.testing.assert_array_equal(a, b)
+
+
+def attention_over_history(cache, q, **options):
+    """R.attention of q ([H, D], or [T, H, D] at the last T positions) over what each query
+    reads: the history the cache, cut after the query's own position, dequantizes to (with a
+    recent window each query reads the window of its own position)."""
+    q = np.asarray(q, np.float32)
+    rows = q[None] if q.ndim == 2 else q
+    t, n = len(rows), len(cache)
+    state = cache.state_dict() if t > 1 else None
+    outs = []
+    for i in range(t):
+        cut = cache if t == 1 else ia.Int8KVCache.from_state_dict(state)
+        if t > 1:
+            cut.truncate(n - t + i + 1)
+        outs.append(R.attention(rows[i], *cut.dequantize(), **options))
+    out = np.stack(outs)
+    return out[0] if q.ndim == 2 else out

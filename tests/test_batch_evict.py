@@ -6,7 +6,7 @@ import pytest
 
 import int8attn as ia
 from conftest import (CONTRACT, EMULATED, assert_same_state, assert_tiers_agree, each_tier,
-                      filled_cache, make_kv, rel_err, snapshot)
+                      attention_over_history, filled_cache, make_kv, rel_err, snapshot)
 from int8attn import reference as R
 
 FORMATS = list(ia.FORMATS)
@@ -178,7 +178,7 @@ def test_a_sliding_cache_evicts_and_appends_for_ever(fmt):
         q = rng.standard_normal((step, 2, 32)).astype(np.float32)
         kd, vd = cache.dequantize()
         out = cache.decode(q, window=window)
-        ref = R.attention(q, kd, vd, window=window)
+        ref = attention_over_history(cache, q, window=window)
         assert rel_err(out.reshape(-1, 32), ref.reshape(-1, 32)) < CONTRACT
         # what the window sees is the original tokens, quantized (never re-quantized)
         seen = kd[-min(window, len(cache)):]

@@ -31,12 +31,16 @@ def test_readme_usage():
 def test_properties_and_nbytes():
     cache = ia.Int8KVCache(3, 100, 48)
     assert (cache.n_kv_heads, cache.max_seq, cache.head_dim, len(cache)) == (3, 100, 48, 0)
-    # codes: 2 * Hkv * max_seq * D bytes; scales: 2 * Hkv * max_seq float32; keep_first and
-    # center (both on by default): 2 * Hkv * D float32 each
+    # codes: 2 * Hkv * max_seq * D bytes; scales: 2 * Hkv * max_seq float32; keep_first (on by
+    # default) and center: 2 * Hkv * D float32 each; the recent window (64 by default): K and V
+    # float32 rows of min(2 * 64, max_seq) positions
     base = 2 * 3 * 100 * 48 + 2 * 3 * 100 * 4
-    assert cache.nbytes == base + 4 * 3 * 48 * 4
-    assert ia.Int8KVCache(3, 100, 48, keep_first=False).nbytes == base
-    assert ia.Int8KVCache(3, 100, 48, center=False).nbytes == base + 2 * 3 * 48 * 4
+    ring = 2 * 100 * 3 * 48 * 4
+    assert cache.nbytes == base + 2 * 3 * 48 * 4 + ring
+    assert ia.Int8KVCache(3, 100, 48, keep_first=False, recent=0).nbytes == base
+    assert ia.Int8KVCache(3, 100, 48, center=True, recent=0).nbytes == base + 4 * 3 * 48 * 4
+    assert ia.Int8KVCache(3, 1000, 48, recent=16).nbytes == (
+        10 * base + 2 * 3 * 48 * 4 + 2 * 32 * 3 * 48 * 4)
     assert "holding 0 tokens" in repr(cache)
 
 
@@ -63,7 +67,8 @@ def test_bulk_append_equals_per_token_append_bit_for_bit(tier):
 
 def test_views_layout_and_dequantize():
     rng = np.random.default_rng(3)
-    cache, k, v = filled_cache(rng, 3, 32, 21, cap=50, rotate=False, keep_first=False)  # else: test_rotation, test_centering
+    cache, k, v = filled_cache(rng, 3, 32, 21, cap=50, rotate=False, keep_first=False,
+                               recent=0)  # else: test_rotation, test_centering, test_recent
     assert cache.k_i8.shape == (3, 21, 32) and cache.k_i8.dtype == np.int8
     assert cache.v_scale.shape == (3, 21) and cache.v_scale.dtype == np.float32
     codes, scales = R.quantize_rows(v)

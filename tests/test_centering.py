@@ -14,8 +14,11 @@ from int8attn import _format
 from int8attn import reference as R
 
 
+# These tests are of centering without a recent window (the "centered" format, the default
+# before 0.4): the offsets come from the first append past position 0. With a window they
+# come from positions 1 .. recent (tests/test_recent.py).
 def Centered(*args, **kw):
-    return ia.Int8KVCache(*args, center=True, **kw)
+    return ia.Int8KVCache(*args, center=True, recent=0, **kw)
 
 
 def shifted_kv(rng, s, hkv, d, shift=6.0):
@@ -50,7 +53,7 @@ def test_offsets_come_from_the_first_append_past_position_0(rotate):
     np.testing.assert_array_equal(kd[0], k[0])          # position 0 exactly as appended
     np.testing.assert_array_equal(vd[0], v[0])
     # the codes hold the rows minus the offset: a far smaller error than codes of the rows
-    plain = ia.Int8KVCache(3, 200, 48, rotate=rotate, center=False)
+    plain = ia.Int8KVCache(3, 200, 48, rotate=rotate, center=False, recent=0)
     plain.append(k, v)
     rms = [float(np.sqrt(np.mean((c.dequantize()[0][1:] - k[1:]) ** 2))) for c in (cache, plain)]
     assert rms[0] * 3 < rms[1], rms
@@ -87,7 +90,7 @@ def test_zero_offsets_center_nothing(tier):
     the values of a cache without centering, under every decode option."""
     rng = np.random.default_rng(12)
     k, v = shifted_kv(rng, 300, 2, 64)
-    one, plain = Centered(2, 300, 64), ia.Int8KVCache(2, 300, 64, center=False)
+    one, plain = Centered(2, 300, 64), ia.Int8KVCache(2, 300, 64, center=False, recent=0)
     for t in range(300):
         one.append(k[t], v[t])
     plain.append(k, v)
@@ -191,7 +194,7 @@ def test_centering_tames_a_common_k_offset(tier):
     ref = R.attention(q, k, v)
     errs = {}
     for center in (False, True):
-        cache = ia.Int8KVCache(2, 600, 128, center=center)
+        cache = ia.Int8KVCache(2, 600, 128, center=center, recent=0)
         cache.append(k, v)
         errs[center] = rel_err(cache.decode(q), ref)
     assert errs[True] * 3 < errs[False], errs
@@ -235,7 +238,7 @@ def test_the_offset_append_reports_the_bad_row_an_uncentered_one_does(hkv, d):
             (bk, bv)[side][tok, head, rng.integers(0, d)] = (np.nan, np.inf)[trial % 2]
         messages = []
         for center in (True, False):
-            cache = ia.Int8KVCache(hkv, 40, d, center=center)
+            cache = ia.Int8KVCache(hkv, 40, d, center=center, recent=0)
             with pytest.raises(ValueError) as err:
                 cache.append(bk, bv)
             assert len(cache) == 0 and cache.k_offset is None
@@ -265,7 +268,7 @@ def test_save_and_load_keep_the_centering(tmp_path, n):
 def test_version_1_files_load_uncentered_and_bad_centering_state_is_refused():
     rng = np.random.default_rng(10)
     k, v = shifted_kv(rng, 30, 2, 32)
-    plain = ia.Int8KVCache(2, 30, 32, keep_first=False)
+    plain = ia.Int8KVCache(2, 30, 32, keep_first=False, recent=0)
     plain.append(k, v)
     old = {key: val for key, val in plain.state_dict().items()
            if key not in ("keep_first", "center", "k_first", "v_first", "k_offset", "v_offset")}
@@ -297,6 +300,6 @@ def test_center_argument_is_checked():
         ia.Int8KVCache(2, 10, 16, keep_first=None)
     with pytest.raises(ValueError, match="center=True needs keep_first=True"):
         ia.Int8KVCache(2, 10, 16, keep_first=False, center=True)
-    assert "keep_first=True, center=True" in repr(ia.Int8KVCache(2, 10, 16))
-    assert not ia.Int8KVCache(2, 10, 16, keep_first=False).center      # None: keep_first's value
-    assert ia.Int8KVCache(2, 10, 16, center=None).center
+    assert "keep_first=True, center=False, recent=64" in repr(ia.Int8KVCache(2, 10, 16))
+    assert not ia.Int8KVCache(2, 10, 16, keep_first=False).center      # None: the default's
+    assert not ia.Int8KVCache(2, 10, 16, center=None).center

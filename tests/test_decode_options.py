@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import int8attn as ia
-from conftest import CONTRACT, assert_tiers_agree, each_tier, filled_cache
+from conftest import CONTRACT, assert_tiers_agree, attention_over_history, each_tier, filled_cache
 from int8attn import reference as R
 
 
@@ -31,7 +31,7 @@ def test_multi_token_equals_sequential_decodes(tier, shape):
         cut = ia.Int8KVCache.from_state_dict(state)
         cut.truncate(s - t + i + 1)
         np.testing.assert_array_equal(multi[i], cut.decode(q[i]), err_msg=f"position {i}")
-    assert rel_err_t(multi, R.attention(q, *cache.dequantize())) <= CONTRACT
+    assert rel_err_t(multi, attention_over_history(cache, q)) <= CONTRACT
 
 
 WINDOWS = [
@@ -56,7 +56,7 @@ def test_window_and_sinks_against_reference(tier, case):
     q = rng.standard_normal((t, h, d)).astype(np.float32) * 2
     kd, vd = cache.dequantize()
     out = cache.decode(q, window=window, sinks=sinks)
-    ref = R.attention(q, kd, vd, window=window, sinks=sinks)
+    ref = attention_over_history(cache, q, window=window, sinks=sinks)
     assert rel_err_t(out, ref) <= CONTRACT
     # the window really hides the rest: far from the full-context answer
     if window < s - t and not sinks:
@@ -72,10 +72,11 @@ def test_softcap_against_reference(tier, softcap):
     for t in (1, 3):
         qq = q[0] if t == 1 else q
         out = cache.decode(qq, softcap=softcap, scale=0.3)
-        ref = R.attention(qq, kd, vd, softcap=softcap, scale=0.3)
+        ref = attention_over_history(cache, qq, softcap=softcap, scale=0.3)
         assert rel_err_t(out, ref) <= CONTRACT
     out = cache.decode(q, softcap=softcap, window=50, sinks=2)
-    assert rel_err_t(out, R.attention(q, kd, vd, softcap=softcap, window=50, sinks=2)) <= CONTRACT
+    assert rel_err_t(out, attention_over_history(cache, q, softcap=softcap, window=50,
+                                                 sinks=2)) <= CONTRACT
     # a small cap flattens the softmax: clearly unlike the uncapped answer
     if softcap < 1:
         assert rel_err_t(out, R.attention(q, kd, vd, window=50, sinks=2)) > 1e-2

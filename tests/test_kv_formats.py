@@ -55,8 +55,8 @@ def test_a_wrong_format_does_not_pass_for_the_kernels():
     rng = np.random.default_rng(5)
     k, v = make_kv(rng, 40, 2, 64)
     k += 3.0
-    cache = ia.Int8KVCache(2, 40, 64)
-    emu = F.EmulatedCache(2, 64, center=False)
+    cache = ia.Int8KVCache(2, 40, 64, **ia.FORMATS["centered"])
+    emu = F.EmulatedCache(2, 64, center=False, recent=0)
     cache.append(k, v)
     emu.append(k, v)
     diff = np.abs(emu.k - cache.dequantize()[0])
@@ -87,7 +87,7 @@ def test_one_side_unquantized_and_the_first_position_kept():
     rng = np.random.default_rng(3)
     k, v = make_kv(rng, 20, 2, 32)
     for side, opts in ((0, {"quantize_k": False}), (1, {"quantize_v": False})):
-        emu = F.EmulatedCache(2, 32, **opts)
+        emu = F.EmulatedCache(2, 32, recent=0, **opts)
         emu.append(k[:5], v[:5])
         emu.append(k[5:], v[5:])
         kept, coded = (emu.k, emu.v) if side == 0 else (emu.v, emu.k)

@@ -35,8 +35,9 @@ def test_stub_declares_the_public_api():
     stub_kw = {a.arg: ast.literal_eval(d) for a, d in zip(init.args.kwonlyargs, init.args.kw_defaults)}
     assert stub_kw == {a: p.default for a, p in inspect.signature(ia.Int8KVCache).parameters.items()
                        if p.kind == p.KEYWORD_ONLY}
-    cache = ia.Int8KVCache(1, 1, 16)                 # center=None resolves to keep_first
-    assert (cache.rotate, cache.rotation_seed, cache.keep_first, cache.center) == (True, 0, True, True)
+    cache = ia.Int8KVCache(1, 1, 16)                 # center=None: the default format's, False
+    assert (cache.rotate, cache.rotation_seed, cache.keep_first, cache.center, cache.recent) == (
+        True, 0, True, False, 64)
 
 
 def test_layout_files(tmp_path):
@@ -130,12 +131,13 @@ def test_source_tree_without_the_compiled_module_says_install_first(tmp_path):
 def test_constructor_signature_is_inspectable():
     sig = inspect.signature(ia.Int8KVCache)
     assert list(sig.parameters) == ["n_kv_heads", "max_seq", "head_dim", "rotate", "rotation_seed",
-                                    "keep_first", "center"]
+                                    "keep_first", "center", "recent"]
 
 
 def test_formats_are_the_named_presets():
-    """FORMATS names each format by all three options; the default is what no options give."""
-    assert list(ia.FORMATS) == ["plain", "rotated", "keep_first", "default"]
+    """FORMATS names each format by all four options; the default is what no options give."""
+    assert list(ia.FORMATS) == ["plain", "rotated", "keep_first", "centered", "default",
+                                "recent_centered"]
     for name, options in ia.FORMATS.items():
         cache = ia.Int8KVCache(1, 1, 16, **options)
         assert {k: getattr(cache, k) for k in options} == options, name

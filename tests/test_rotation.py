@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import int8attn as ia
-from conftest import CONTRACT, EMULATION, each_tier, filled_cache, make_kv, rel_err
+from conftest import (CONTRACT, EMULATION, attention_over_history, each_tier, filled_cache, make_kv,
+                      rel_err)
 from int8attn import _cache
 from int8attn import reference as R
 
@@ -72,7 +73,8 @@ def test_rotated_cache_within_contract_of_its_dequantized_history(tier, shape, q
         assert float(err.max()) <= EMULATION
     t = rng.standard_normal((3, h, d)).astype(np.float32)
     got = cache.decode(t, window=200, sinks=2, softcap=30.0)
-    assert rel_err(got.reshape(-1, d), R.attention(t, kd, vd, window=200, sinks=2, softcap=30.0).reshape(-1, d)) <= CONTRACT
+    ref = attention_over_history(cache, t, window=200, sinks=2, softcap=30.0)
+    assert rel_err(got.reshape(-1, d), ref.reshape(-1, d)) <= CONTRACT
 
 
 def test_rotation_tames_k_outlier_channels():
@@ -156,10 +158,12 @@ def test_engine_signs_are_the_references(seed):
         np.testing.assert_array_equal(_cache._rotation_signs(d, seed), R.rotation_signs(d, seed))
 
 
-@pytest.mark.parametrize("options", [{}, {"center": False}, {"keep_first": False}])
+@pytest.mark.parametrize("options", [{"recent": 0}, {"center": True, "recent": 0},
+                                     {"keep_first": False, "recent": 0}, {}])
 def test_dequantize_is_codes_times_scales_rotated_back(tier, options):
     """dequantize() (the engine's, in float32) against the same history rebuilt in float64 from
-    the views: within float32 rounding, position 0 exact with keep_first."""
+    the views: within float32 rounding, position 0 exact with keep_first, the recent window's
+    positions exactly as appended."""
     rng = np.random.default_rng(9)
     cache, k, _ = filled_cache(rng, 2, 96, 40, "outlier", **options)
     kd, vd = cache.dequantize()
@@ -171,6 +175,10 @@ def test_dequantize_is_codes_times_scales_rotated_back(tier, options):
         want = R.rotate(rows, R.rotation_signs(96, 0), inverse=True).transpose(1, 0, 2)
         if cache.keep_first:
             want[0] = (cache.k_first if got is kd else cache.v_first)
+        window = R.window_rows(cache)[0 if got is kd else 1]
+        if len(window):
+            np.testing.assert_array_equal(got[len(got) - len(window):], window)
+            want[len(got) - len(window):] = window
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
     if cache.keep_first:
         np.testing.assert_array_equal(kd[0], k[0])

@@ -141,11 +141,13 @@ def test_interleaved_timing_alternates_and_keeps_the_calls_apart():
     assert "".join(calls) == "abc" * 3 + "aabbcc" * 5
 
 
-def test_format_cost_times_both_formats():
+def test_format_cost_times_every_format():
     from int8attn import _bench
     c = _bench.format_cost(40, 0.0, h=4, hkv=2, d=16, pairs=3)
     assert (c["tokens"], c["h"], c["hkv"], c["d"], c["pairs"]) == (40, 4, 2, 16, 3)
-    assert c["default"]["n"] == c["plain"]["n"] == 30 and c["ratio"] > 0
+    assert c["formats"] == ["default", "centered", "plain"]
+    assert all(c["time"][name]["n"] == 30 for name in c["formats"])
+    assert c["ratio"]["default"] == 1.0 and c["ratio"]["plain"] > 0
 
 
 def test_contention_times_both_thread_counts_under_load(threads):

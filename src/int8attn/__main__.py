@@ -69,7 +69,7 @@ def demo(contexts, heads, kv_heads, head_dim, repeats, seed):
             got = cache.decode(q, q_bits=q_bits)
             sec = median_seconds(lambda: cache.decode(q, q_bits=q_bits, out=out), repeats)
             print(f"{n:>7} {q_bits:>6} {rel_err(got, ref_dq):>15.2e} {rel_err(got, ref_fp):>16.2e} "
-                  f"{sec * 1e3:>10.3f} {history_bytes(n, kv_heads, head_dim, 1) / 1e6:>8.2f} "
+                  f"{sec * 1e3:>10.3f} {cache.nbytes / 1e6:>8.2f} "
                   f"{history_bytes(n, kv_heads, head_dim, 4) / 1e6:>8.2f}")
     print("\nerrors: per query head max|out - ref| / max|ref|, worst head; "
           "the contract for q_bits=16 is 1e-3 against the dequantized cache.")

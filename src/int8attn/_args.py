@@ -118,7 +118,7 @@ def bad_row_message(name, x, where):
 # -- the constructor ----------------------------------------------------------------------
 
 def _constructor(n_kv_heads, max_seq, head_dim, *, rotate=F.DEFAULT["rotate"], rotation_seed=0,
-                 keep_first=F.DEFAULT["keep_first"], center=None):
+                 keep_first=F.DEFAULT["keep_first"], center=None, recent=F.DEFAULT["recent"]):
     """Int8KVCache's signature (its C-level constructor takes any arguments)."""
 
 
@@ -127,7 +127,7 @@ SIGNATURE = inspect.signature(_constructor)
 
 def constructor(args, kwargs):
     """Int8KVCache's arguments, checked: (n_kv_heads, max_seq, head_dim, rotate, rotation_seed,
-    keep_first, center)."""
+    keep_first, center, recent)."""
     try:
         bound = SIGNATURE.bind(*args, **kwargs)
     except TypeError as e:
@@ -142,18 +142,22 @@ def constructor(args, kwargs):
         raise ValueError(f"head_dim must be a multiple of 16 and at most {F.MAX_HEAD_DIM}, got {d}")
     rotate = as_bool(a["rotate"], "rotate")
     keep_first = as_bool(a["keep_first"], "keep_first")
-    center = keep_first if a["center"] is None else as_bool(a["center"], "center")
+    center = (keep_first and F.DEFAULT["center"] if a["center"] is None
+              else as_bool(a["center"], "center"))
+    recent = as_int(a["recent"], "recent")
+    if not 0 <= recent <= F.RECENT_MAX:
+        raise ValueError(f"recent must be from 0 to {F.RECENT_MAX}, got {recent}")
     seed = as_int(a["rotation_seed"], "rotation_seed")
     if not 0 <= seed < 1 << 64:
         raise ValueError(f"rotation_seed must be from 0 to 2**64 - 1, got {seed}")
     if center and not keep_first:
         raise ValueError("center=True needs keep_first=True: the offsets come from the rows "
                          "past position 0, so position 0 is kept as floats")
-    need = 2 * hkv * cap * (d + 4) + 4 * hkv * d * 4
+    need = 2 * hkv * cap * (d + 4) + 4 * hkv * d * 4 + 2 * min(2 * recent, cap) * hkv * d * 4
     if need > INT_MAX:
         raise ValueError(f"max_seq={cap} with n_kv_heads={hkv}, head_dim={d} needs {need} "
                          f"bytes of buffers, more than this platform can address")
-    return hkv, cap, d, rotate, seed, keep_first, center
+    return hkv, cap, d, rotate, seed, keep_first, center, recent
 
 
 # -- append and decode --------------------------------------------------------------------

@@ -41,8 +41,8 @@ class Case:
     q_bits: int = 16        # int8attn only
     tier: str = ""          # int8attn only; "" = the default tier
     threads: int = 0        # 0 = the default thread count
-    rotate: bool = True     # int8attn only: the default format (rotated, position 0 kept as
-                            # floats, rows centered); False: the seed's plain format ("/plain")
+    rotate: bool = True     # int8attn only: the default format (rotated, position 0 and the
+                            # recent window kept as floats); False: the seed's plain format
 
     @property
     def name(self):
@@ -181,26 +181,28 @@ def _interleaved(fns, min_reps, budget):
     return times
 
 
-def format_cost(tokens, budget, h=8, hkv=8, d=128, seed=0, pairs=4):
-    """Decode time of the default format (rotation, float position 0, offsets) against the seed's
-    plain one on the same K/V, the two decodes interleaved (hot: see _interleaved; q_bits=16,
-    the default tier and threads), over `pairs` fresh pairs of caches a share of the budget each
-    (where the buffers land moves one pair's ratio by several percent at 8192 tokens on this
-    VM). ``ratio`` is the median over all rounds of default time / plain time."""
+def format_cost(tokens, budget, h=8, hkv=8, d=128, seed=0, pairs=4,
+                formats=("default", "centered", "plain")):
+    """Decode time of the named formats (int8attn.FORMATS) on the same K/V, their decodes
+    interleaved (hot: see _interleaved; q_bits=16, the default tier and threads), over `pairs`
+    fresh sets of caches a share of the budget each (where the buffers land moves one set's
+    ratio by several percent at 8192 tokens on this VM). ``ratio[name]`` is the median over all
+    rounds of name's time / the first format's."""
     case = Case("int8attn", h, hkv, d, tokens)
     k, v, q = _data(case, np.random.default_rng(seed))
     out = np.empty((h, d), np.float32)
-    default, plain = [], []
+    times = {name: [] for name in formats}
     for _ in range(pairs):
-        caches = [_cache_for(dataclasses.replace(case, rotate=r)) for r in (True, False)]
+        caches = [Int8KVCache(hkv, tokens, d, **FORMATS[name]) for name in formats]
         for c in caches:
             c.append(k, v)
-        a, b = _interleaved([lambda c=c: c.decode(q, out=out) for c in caches], 10, budget / pairs)
-        default += a
-        plain += b
+        got = _interleaved([lambda c=c: c.decode(q, out=out) for c in caches], 10, budget / pairs)
+        for name, t in zip(formats, got):
+            times[name] += t
+    first = times[formats[0]]
     return {"tokens": tokens, "h": h, "hkv": hkv, "d": d, "pairs": pairs,
-            "default": _stats(default), "plain": _stats(plain),
-            "ratio": float(np.median(np.divide(default, plain)))}
+            "formats": list(formats), "time": {name: _stats(t) for name, t in times.items()},
+            "ratio": {name: float(np.median(np.divide(first, t))) for name, t in times.items()}}
 
 
 @contextlib.contextmanager

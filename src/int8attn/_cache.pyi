@@ -16,9 +16,11 @@ class Int8KVCache:
     rotation_seed: int
     keep_first: bool
     center: bool
+    recent: int
     def __init__(
         self, n_kv_heads: int, max_seq: int, head_dim: int, *, rotate: bool = True,
-        rotation_seed: int = 0, keep_first: bool = True, center: bool | None = None
+        rotation_seed: int = 0, keep_first: bool = True, center: bool | None = None,
+        recent: int = 64,
     ) -> None: ...
     @property
     def n_kv_heads(self) -> int: ...

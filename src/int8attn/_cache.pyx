@@ -64,6 +64,7 @@ cdef extern from "_simd/dispatch.h" nogil:
 cdef extern from "_engine.h" nogil:
     enum:
         I8A_OFFSET_MIN_ROWS
+        I8A_RECENT_MAX
     float I8A_VALUE_MAX
     float I8A_QSCALE_MAX
     ctypedef struct i8a_cache:
@@ -77,6 +78,11 @@ cdef extern from "_engine.h" nogil:
         float *v_first
         float *k_offset
         float *v_offset
+        int offsets_set
+        size_t recent, ring
+        float *k_recent
+        float *v_recent
+        size_t ring_shift, held_from
         void *work
         size_t work_bytes
     ctypedef struct i8a_options:
@@ -88,8 +94,10 @@ cdef extern from "_engine.h" nogil:
     void *i8a_alloc_aligned(size_t bytes)
     void i8a_free_aligned(void *p)
     void i8a_rotation_signs(uint64_t seed, size_t d, float *sign)
-    int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const float *v,
+    int i8a_append(const i8a_kernels *kt, i8a_cache *c, const float *k, const float *v,
                    size_t t, size_t *bad)
+    void i8a_truncate(const i8a_kernels *kt, i8a_cache *c, size_t n)
+    size_t i8a_window_start(const i8a_cache *c)
     size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
                               size_t max_threads)
     int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *q,
@@ -117,7 +125,8 @@ cdef extern from "_pool.h" nogil:
 
 # the C limits are the ones _format states (its docstring)
 for _name, _c_value in (("CHUNK", I8A_CHUNK), ("MAX_HEAD_DIM", I8A_MAX_HEAD_DIM),
-                        ("OFFSET_MIN_ROWS", I8A_OFFSET_MIN_ROWS), ("VALUE_MAX", I8A_VALUE_MAX),
+                        ("OFFSET_MIN_ROWS", I8A_OFFSET_MIN_ROWS), ("RECENT_MAX", I8A_RECENT_MAX),
+                        ("VALUE_MAX", I8A_VALUE_MAX),
                         ("QSCALE_MAX", I8A_QSCALE_MAX), ("MAX_THREADS", I8A_MAX_THREADS)):
     if getattr(F, _name) != _c_value:
         raise ImportError(f"int8attn is built wrong: _format.{_name} is {getattr(F, _name)}, "
@@ -233,7 +242,7 @@ def _readonly(arr):
 
 
 cdef class Int8KVCache:
-    """Int8KVCache(n_kv_heads, max_seq, head_dim, *, rotate=True, rotation_seed=0, keep_first=True, center=None)
+    """Int8KVCache(n_kv_heads, max_seq, head_dim, *, rotate=True, rotation_seed=0, keep_first=True, center=None, recent=64)
 --
 
 An int8 KV cache for single-token decode attention.
@@ -265,14 +274,24 @@ An int8 KV cache for single-token decode attention.
         and decode reads it from there instead of from its codes. Costs 2 * Hkv * D floats.
     center : bool or None
         True: store every K and V row past position 0 minus its kv head's offset (``k_offset``/
-        ``v_offset``, in the stored space), the mean of the rows past position 0 of the append
-        that first reaches past it when it holds at least 16 of them (a prefill), zeros
-        otherwise (a cache filled token by token stays uncentered), and zeros for a kv head
-        whose mean would more than double most of its rows (one huge outlier in the prefill). Decode adds the offsets
-        back: ``q·offset`` joins each logit, the V offset the output. Real K shares a large
-        offset across tokens; without it each row's int8 steps are finer. The offsets stay
-        until the cache is truncated to 1 token or fewer. Needs ``keep_first``. None (the
-        default): the value of ``keep_first``. False: no offsets.
+        ``v_offset``, in the stored space); decode adds the offsets back (``q·offset`` joins
+        each logit, the V offset the output), so each row's int8 steps are finer where real K
+        shares a large offset across tokens. With a recent window the offsets are the mean of
+        positions 1 .. ``recent``, set once the cache holds ``recent + 1`` tokens however the
+        appends were split (the rows before are read from the window meanwhile). Without one,
+        the append that first reaches past position 0 sets them from its own rows when it holds
+        at least 16 of them, else to zeros (so they depend on how the appends were split). A
+        kv head whose mean would more than double most of its rows (one huge outlier) gets
+        zeros. Needs ``keep_first``. None (the default): False (the "default" format does not
+        center: with the recent window it gains nothing measurable).
+    recent : int
+        R, 64 by default, 0 to 1024: the last R positions are also kept as float32, exactly as
+        appended, and decode reads them from there (their attention is exact); a token leaves
+        this window for its int8 codes when R newer ones have been appended. Every row is
+        quantized as it is appended, so the stored state does not depend on how appends were
+        split. The cache holds the floats of the last ``2 * R`` positions (capped at
+        ``max_seq``), so ``truncate`` can take back up to R tokens exactly. Costs
+        ``2 * min(2R, max_seq) * Hkv * D`` floats. 0: no window.
 
     Notes
     -----
@@ -290,15 +309,17 @@ An int8 KV cache for single-token decode attention.
     cdef object _sign                         # [D] float32 +-1 of the rotation, or None
     cdef object _kf, _vf                      # [Hkv, D] float32 with keep_first, else None
     cdef object _ko, _vo                      # [Hkv, D] float32 with center, else None
+    cdef object _kr, _vr                      # [ring * Hkv, D] float32 with recent, else None
     cdef readonly bint rotate
     cdef readonly object rotation_seed
     cdef readonly bint keep_first
     cdef readonly bint center
+    cdef readonly size_t recent
 
     def __cinit__(self, *args, **kwargs):
         # The buffers are made here, once: __init__ can be called again, __cinit__ cannot, so
         # no call can swap a buffer from under a decode running without the GIL.
-        hkv, cap, d, rotate, seed, keep_first, center = _args.constructor(args, kwargs)
+        hkv, cap, d, rotate, seed, keep_first, center, recent = _args.constructor(args, kwargs)
         self._k = _aligned_empty((hkv, cap, d), "b", 1)
         self._v = _aligned_empty((hkv, cap, d), "b", 1)
         self._ks = _aligned_empty((hkv, cap), "f", 4)
@@ -311,9 +332,17 @@ An int8 KV cache for single-token decode attention.
         self._c.k_scale, self._c.v_scale = _data(self._ks), _data(self._vs)
         self._c.n_kv_heads, self._c.max_seq, self._c.head_dim, self._c.length = hkv, cap, d, 0
         self._c.work, self._c.work_bytes = NULL, 0
+        self._c.offsets_set, self._c.ring_shift, self._c.held_from = 0, 0, 0
+        self._c.recent, self._c.ring = recent, min(2 * recent, cap)
+        self._c.k_recent = self._c.v_recent = NULL
+        self._kr = self._vr = None
+        if recent:
+            self._kr = _aligned_empty((self._c.ring * hkv, d), "f", 4)
+            self._vr = _aligned_empty((self._c.ring * hkv, d), "f", 4)
+            self._c.k_recent, self._c.v_recent = _data(self._kr), _data(self._vr)
         self._busy = 0
         self.rotate, self.rotation_seed = rotate, seed
-        self.keep_first, self.center = keep_first, center
+        self.keep_first, self.center, self.recent = keep_first, center, recent
         self._sign = self._kf = self._vf = self._ko = self._vo = None
         self._c.sign = NULL
         self._c.k_first = self._c.v_first = self._c.k_offset = self._c.v_offset = NULL
@@ -351,8 +380,9 @@ An int8 KV cache for single-token decode attention.
     @property
     def nbytes(self):
         """Bytes of the cache's buffers (K and V codes and scales for max_seq tokens; the float
-        rows of position 0 with keep_first, the offsets with center)."""
-        rows = 2 * self._c.n_kv_heads * (int(self.keep_first) + int(self.center))
+        rows of position 0 with keep_first, the offsets with center, and the ring of the recent
+        window: K and V float32 rows of min(2 * recent, max_seq) positions)."""
+        rows = 2 * self._c.n_kv_heads * (int(self.keep_first) + int(self.center) + self._c.ring)
         extra = rows * self._c.head_dim * 4
         return 2 * self._c.n_kv_heads * self._c.max_seq * (self._c.head_dim + 4) + extra
 
@@ -362,7 +392,7 @@ An int8 KV cache for single-token decode attention.
     def __repr__(self):
         return (f"Int8KVCache(n_kv_heads={self._c.n_kv_heads}, max_seq={self._c.max_seq}, "
                 f"head_dim={self._c.head_dim}, rotate={self.rotate}, keep_first={self.keep_first}, "
-                f"center={self.center}) holding {self._c.length} tokens")
+                f"center={self.center}, recent={self.recent}) holding {self._c.length} tokens")
 
     # -- the stored history ---------------------------------------------------------------
 
@@ -400,13 +430,13 @@ An int8 KV cache for single-token decode attention.
     @property
     def k_offset(self):
         """The K offset per kv head, [Hkv, D] float32 (a copy) in the stored space (rotated when
-        the cache rotates), when the cache centers and holds 2 or more tokens; else None."""
-        return self._ko.copy() if self.center and self._c.length >= 2 else None
+        the cache rotates), when the cache centers and its offsets are set (see ``center``); else None."""
+        return self._ko.copy() if self.center and self._c.offsets_set else None
 
     @property
     def v_offset(self):
         """The V offset per kv head, like ``k_offset``."""
-        return self._vo.copy() if self.center and self._c.length >= 2 else None
+        return self._vo.copy() if self.center and self._c.offsets_set else None
 
     def dequantize(self):
         """The history decode attends over, as floats: ``(k, v)``, each [len, Hkv, D] float32:
@@ -450,14 +480,18 @@ An int8 KV cache for single-token decode attention.
 
     def truncate(self, n):
         """Keep the first n tokens and forget the rest (rejected speculative tokens): the cache
-        is then exactly as it was after its n-th token was appended (with center, n <= 1 also
-        drops the offsets: the next append sets new ones). 0 <= n <= len(cache)."""
+        then decodes exactly as it did after its n-th token was appended, and holds what it held
+        then, when the tokens taken back since are at most ``recent`` (the ring's spare) or the
+        cache has no recent window. Taking back more, the positions whose floats are gone are
+        read from their codes until they leave the window. With center, truncating to before
+        the offsets were set (n <= 1, or n <= recent with a window) forgets them. 0 <= n <=
+        len(cache)."""
         self._enter()
         try:
             n = _args.as_int(n, "n")
             if not 0 <= n <= self._c.length:
                 raise ValueError(f"n must be from 0 to len(cache)={self._c.length}, got {n}")
-            self._c.length = n
+            i8a_truncate(i8a_load_tier(&_kt), &self._c, n)
         finally:
             self._leave()
 
@@ -465,8 +499,9 @@ An int8 KV cache for single-token decode attention.
         """Forget the n oldest tokens: token n + i becomes token i and len(cache) shrinks by n,
         freeing capacity for appends (a sliding-window layer keeps only what its window still
         sees). The tokens kept are read back exactly as before by a decode that sees them; with
-        keep_first, the new first token's float row is its dequantized codes (its original
-        floats are gone), and centering keeps its offsets. 0 <= n <= len(cache)."""
+        keep_first, the new first token's float row is what decode read for it (its floats in
+        the recent window, else its dequantized codes), and centering keeps its offsets.
+        0 <= n <= len(cache)."""
         self._enter()
         try:
             n = _args.as_int(n, "n")
@@ -513,7 +548,6 @@ An int8 KV cache for single-token decode attention.
             raise ValueError(_args.bad_row_message(name, rows[token, head],
                                                    f"token {token}, kv head {head}")
                              + "; nothing was appended")
-        self._c.length += t
 
     def decode(self, q, *, scale=None, q_bits=16, out=None, window=None, sinks=0, softcap=None):
         """Attention of the queries over the cached tokens.
@@ -567,13 +601,15 @@ An int8 KV cache for single-token decode attention.
     def state_dict(self):
         """The cache as a dict of numpy arrays (copies), the content of ``save``'s file:
 
-        ``format`` ("int8attn.Int8KVCache"), ``format_version`` (2), ``n_kv_heads``,
+        ``format`` ("int8attn.Int8KVCache"), ``format_version`` (3), ``n_kv_heads``,
         ``max_seq``, ``head_dim``, ``length`` (ints); ``rotate`` (bool), ``rotation_seed`` and
         ``rotation_block`` (ints); ``keep_first``, ``center`` (bools); ``k_i8``, ``v_i8``
         [Hkv, length, D] int8 (rotated codes when the cache rotates); ``k_scale``, ``v_scale``
         [Hkv, length] float32; ``k_first``, ``v_first``, ``k_offset``, ``v_offset`` [Hkv, D]
-        float32 (zeros where the cache has none). Version 1 files (from before keep_first and
-        center) load with both off.
+        float32 (zeros where the cache has none); ``offsets_set`` (bool); ``recent`` (int);
+        ``k_recent``, ``v_recent`` [n, Hkv, D] float32, the floats held for the last n
+        positions (n = 0 without a recent window). Version 1 files (from before keep_first and
+        center) load with both off, version 2 files (before the recent window) with recent=0.
         """
         self._enter()
         try:
@@ -588,7 +624,23 @@ An int8 KV cache for single-token decode attention.
         naming what is missing, mis-shaped or impossible; nothing is half-loaded."""
         return _state.restore(cls, state, max_seq)
 
-    def _restore(self, length, arrays):
+    def _held(self):
+        """The floats held for the latest positions, oldest first: (k, v), each [n, Hkv, D]
+        float32 (copies; n = 0 without a recent window). The caller holds the busy flag."""
+        hkv, d = self._c.n_kv_heads, self._c.head_dim
+        n = self._c.length - self._c.held_from
+        if not self.recent:
+            return np.zeros((0, hkv, d), np.float32), np.zeros((0, hkv, d), np.float32)
+        slots = (np.arange(self._c.held_from, self._c.length) + self._c.ring_shift) % self._c.ring
+        kr = self._kr.reshape(self._c.ring, hkv, d)
+        vr = self._vr.reshape(self._c.ring, hkv, d)
+        return kr[slots], vr[slots]
+
+    def _offsets_set(self):
+        """Whether the offsets are set (center). The caller holds the busy flag."""
+        return bool(self._c.offsets_set)
+
+    def _restore(self, length, arrays, offsets_set):
         """Copy a checked state's arrays (_state.restore) into this new, empty cache."""
         self._enter()
         try:
@@ -599,8 +651,17 @@ An int8 KV cache for single-token decode attention.
                 self._kf[:], self._vf[:] = arrays["k_first"], arrays["v_first"]
             if self.center:
                 self._ko[:], self._vo[:] = arrays["k_offset"], arrays["v_offset"]
+                self._c.offsets_set = 1 if offsets_set else 0
             self._k[:, :n], self._v[:, :n] = arrays["k_i8"], arrays["v_i8"]
             self._ks[:, :n], self._vs[:, :n] = arrays["k_scale"], arrays["v_scale"]
+            held = arrays["k_recent"].shape[0]
+            if self.recent and held:
+                hkv, d = self._c.n_kv_heads, self._c.head_dim
+                self._kr.reshape(self._c.ring, hkv, d)[:held] = arrays["k_recent"]
+                self._vr.reshape(self._c.ring, hkv, d)[:held] = arrays["v_recent"]
+            self._c.ring_shift = (self._c.ring - (n - held) % self._c.ring) % self._c.ring \
+                if self.recent else 0
+            self._c.held_from = n - held
             self._c.length = n
         finally:
             self._leave()

@@ -22,10 +22,10 @@ static const float *maybe_rotated(const i8a_kernels *kt, const i8a_cache *c, con
     return tmp;
 }
 
-/* The offsets exist (decode adds them back) once a centered cache holds `len` >= 2 tokens. */
-static int has_offsets(const i8a_cache *c, size_t len)
+/* The offsets hold: decode adds them back. */
+static int has_offsets(const i8a_cache *c)
 {
-    return c->k_offset != NULL && len >= 2;
+    return c->k_offset != NULL && c->offsets_set;
 }
 
 /* Whether every one of the d values at x has |x| <= limit (a non-negative float): false for
@@ -49,6 +49,27 @@ static int in_range(const float *x, size_t d)
     return within(x, d, I8A_VALUE_MAX);
 }
 
+/* The ring slot of position pos (held: held_from <= pos < len, or being appended). */
+static size_t slot_of(const i8a_cache *c, size_t pos)
+{
+    return (pos + c->ring_shift) % c->ring;
+}
+
+/* Where the rows [hkv][d] of one side (K or V) of a position are during an append: the
+ * append's own rows x for positions from x_from on, the ring before. */
+typedef struct {
+    const i8a_cache *c;
+    const float *x, *ring;
+    size_t x_from;
+} row_source;
+
+static const float *rows_at(const row_source *src, size_t pos)
+{
+    const size_t n = src->c->n_kv_heads * src->c->head_dim;
+    return pos >= src->x_from ? src->x + (pos - src->x_from) * n
+                              : src->ring + slot_of(src->c, pos) * n;
+}
+
 /* Doubles of set_offset's sums on the stack: the heads are summed this many elements at a time
  * (at least 4 heads of the largest head dim), so a token's rows are read in one sweep. */
 #define I8A_OFFSET_SUMS 4096
@@ -57,18 +78,19 @@ static int in_range(const float *x, size_t d)
 #define I8A_OFFSET_SAMPLE 64
 
 /* A mean is kept as the offset only when it does not dwarf the rows it comes from: of (up to)
- * I8A_OFFSET_SAMPLE rows evenly spread over x's rows [from, t) of head `head`, at most half may
- * grow by centering to more than twice their norm. One outlier (a single huge element in a
+ * I8A_OFFSET_SAMPLE rows evenly spread over positions [from, to) of head `head`, at most half
+ * may grow by centering to more than twice their norm. One outlier (a single huge element in a
  * prefill) drags the mean far from every other row, and centering would then store every later
  * row as about minus that mean, its own values lost in the steps; with a zero offset the
  * outlier only sets its own row's scale. */
-static int offset_keeps(const float *x, size_t t, size_t from, size_t hkv, size_t d, size_t head,
+static int offset_keeps(const row_source *src, size_t from, size_t to, size_t head,
                         const double *mean)
 {
-    const size_t rows = t - from, n = rows < I8A_OFFSET_SAMPLE ? rows : I8A_OFFSET_SAMPLE;
+    const size_t d = src->c->head_dim, rows = to - from;
+    const size_t n = rows < I8A_OFFSET_SAMPLE ? rows : I8A_OFFSET_SAMPLE;
     size_t grown = 0;
     for (size_t j = 0; j < n; j++) {
-        const float *row = x + ((from + j * rows / n) * hkv + head) * d;
+        const float *row = rows_at(src, from + j * rows / n) + head * d;
         double raw = 0.0, centered = 0.0;
         for (size_t i = 0; i < d; i++) {
             const double c = (double)row[i] - mean[i];
@@ -80,54 +102,48 @@ static int offset_keeps(const float *x, size_t t, size_t from, size_t hkv, size_
     return 2 * grown <= n;
 }
 
-/* off[head] = R (the mean of x's rows from token `from` on), per kv head (rotated when the
- * cache rotates): sums in double, in token order. Fewer than I8A_OFFSET_MIN_ROWS rows make no
+/* off[head] = R (the mean of positions [from, to) of src), per kv head (rotated when the cache
+ * rotates): sums in double, in position order. Fewer than I8A_OFFSET_MIN_ROWS rows make no
  * estimate worth its noise, and a mean that offset_keeps rejects is no offset of its rows: the
  * offsets are then zero, which centers nothing (the same codes, and decode values, as without
- * centering). The same pass finds the first row (token * hkv + head) of x [t * hkv][d] that is
- * not in range (in_range), returned (t * hkv when there is none: the offsets are then
- * unspecified, and the caller must not commit them). Too few rows read nothing and return
- * t * hkv: the rows are checked as they are stored. */
-static size_t set_offset(const i8a_kernels *kt, const i8a_cache *c, const float *x, size_t t,
-                         size_t from, float *off)
+ * centering). The rows are in range (checked before). */
+static void set_offset(const i8a_kernels *kt, const row_source *src, size_t from, size_t to,
+                       float *off)
 {
+    const i8a_cache *c = src->c;
     const size_t d = c->head_dim, hkv = c->n_kv_heads, per_block = I8A_OFFSET_SUMS / d;
     double sum[I8A_OFFSET_SUMS];
-    size_t bad = t * hkv;
-    if (t - from < I8A_OFFSET_MIN_ROWS) {
+    if (to - from < I8A_OFFSET_MIN_ROWS) {
         memset(off, 0, hkv * d * sizeof(float));
-        return bad;
+        return;
     }
     for (size_t h0 = 0; h0 < hkv; h0 += per_block) {
         const size_t nh = hkv - h0 < per_block ? hkv - h0 : per_block, n = nh * d;
         for (size_t i = 0; i < n; i++)
             sum[i] = 0.0;
-        for (size_t tok = 0; tok < t; tok++) {
-            const float *rows = x + (tok * hkv + h0) * d;    /* heads h0 .. h0+nh-1, adjacent */
-            for (size_t h = 0; h < nh; h++)
-                if (!in_range(rows + h * d, d) && tok * hkv + h0 + h < bad)
-                    bad = tok * hkv + h0 + h;
-            if (tok >= from)
-                for (size_t i = 0; i < n; i++)
-                    sum[i] += rows[i];
+        for (size_t pos = from; pos < to; pos++) {
+            const float *rows = rows_at(src, pos) + h0 * d;   /* heads h0 .. h0+nh-1, adjacent */
+            for (size_t i = 0; i < n; i++)
+                sum[i] += rows[i];
         }
         for (size_t i = 0; i < n; i++)
-            sum[i] = sum[i] / (double)(t - from);          /* now the means */
+            sum[i] = sum[i] / (double)(to - from);          /* now the means */
         for (size_t h = 0; h < nh; h++) {
             float *o = off + (h0 + h) * d;
-            const int keep = offset_keeps(x, t, from, hkv, d, h0 + h, sum + h * d);
+            const int keep = offset_keeps(src, from, to, h0 + h, sum + h * d);
             for (size_t i = 0; i < d; i++)
                 o[i] = keep ? (float)sum[h * d + i] : 0.0f;
             if (c->sign)
                 kt->rotate(o, d, c->sign, 0, o);
         }
     }
-    return bad;
 }
 
-/* One row into codes and scale: rotated when the cache rotates, minus off when off != NULL. */
-static int store_row(const i8a_kernels *kt, const i8a_cache *c, const float *x, const float *off,
-                     int8_t *codes, float *scale)
+/* One row into codes and scale: rotated when the cache rotates, minus off when off != NULL.
+ * The row is in range, so it stays finite through the rotation and the offset
+ * (I8A_VALUE_MAX) and the quantizer cannot fail. */
+static void store_row(const i8a_kernels *kt, const i8a_cache *c, const float *x, const float *off,
+                      int8_t *codes, float *scale)
 {
     float tmp[I8A_MAX_HEAD_DIM];
     const float *y = maybe_rotated(kt, c, x, tmp);
@@ -136,61 +152,102 @@ static int store_row(const i8a_kernels *kt, const i8a_cache *c, const float *x, 
             tmp[i] = y[i] - off[i];
         y = tmp;
     }
-    return kt->quantize_row(y, c->head_dim, codes, scale);
+    kt->quantize_row(y, c->head_dim, codes, scale);
 }
 
-int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const float *v,
-               size_t t, size_t *bad)
+/* Quantize positions [a, b) of both sides from src_k / src_v into their codes (centered past
+ * position 0 when the offsets hold). */
+static void code_rows(const i8a_kernels *kt, const i8a_cache *c, const row_source *src_k,
+                      const row_source *src_v, size_t a, size_t b)
 {
     const size_t d = c->head_dim, hkv = c->n_kv_heads;
-    I8A_EXPECT(c->length + t <= c->max_seq && t >= 1);
+    for (size_t pos = a; pos < b; pos++) {
+        const float *kr = rows_at(src_k, pos), *vr = rows_at(src_v, pos);
+        for (size_t g = 0; g < hkv; g++) {
+            const size_t row = g * c->max_seq + pos;
+            const int centered = has_offsets(c) && pos >= 1;
+            store_row(kt, c, kr + g * d, centered ? c->k_offset + g * d : NULL,
+                      c->k_codes + row * d, c->k_scale + row);
+            store_row(kt, c, vr + g * d, centered ? c->v_offset + g * d : NULL,
+                      c->v_codes + row * d, c->v_scale + row);
+        }
+    }
+}
+
+int i8a_append(const i8a_kernels *kt, i8a_cache *c, const float *k, const float *v, size_t t,
+               size_t *bad)
+{
+    const size_t d = c->head_dim, hkv = c->n_kv_heads, len = c->length, end = len + t;
+    I8A_EXPECT(end <= c->max_seq && t >= 1);
     I8A_EXPECT(d % 16 == 0 && d >= 16 && d <= I8A_MAX_HEAD_DIM && hkv >= 1);
     I8A_EXPECT(!c->k_offset || c->k_first);
-    if (!has_offsets(c, c->length) && has_offsets(c, c->length + t)) {
-        /* the offsets come from this append: a bad row anywhere in it is reported before any
-         * row is stored (the first in row order, k before v, as the loop below would) */
-        const size_t from = 1 - c->length;                  /* the token at position 1 */
-        const size_t bk = set_offset(kt, c, k, t, from, c->k_offset);
-        const size_t bv = set_offset(kt, c, v, t, from, c->v_offset);
-        if (bk < t * hkv || bv < t * hkv) {
-            *bad = bk <= bv ? bk : bv;
-            return bk <= bv ? 1 : 2;
-        }
-    }
+    I8A_EXPECT(c->recent ? c->ring >= 1 && c->k_recent && c->v_recent : c->ring == 0);
+    /* every row is checked before anything is written: a failed append changes nothing */
     for (size_t r = 0; r < t * hkv; r++) {
-        const size_t tok = r / hkv, head = r % hkv, pos = c->length + tok;
-        const size_t row = head * c->max_seq + pos;
-        const int centered = c->k_offset && pos >= 1;
-        if (c->k_first && pos == 0) {
-            memcpy(c->k_first + head * d, k + r * d, d * sizeof(float));
-            memcpy(c->v_first + head * d, v + r * d, d * sizeof(float));
-        }
-        /* rows in range stay finite through the rotation and the offset (I8A_VALUE_MAX), so
-         * the quantizer's own check of the stored row never fails after this one */
-        if (!in_range(k + r * d, d)
-            || store_row(kt, c, k + r * d, centered ? c->k_offset + head * d : NULL,
-                         c->k_codes + row * d, c->k_scale + row) != 0) {
+        if (!in_range(k + r * d, d) || !in_range(v + r * d, d)) {
             *bad = r;
-            return 1;
-        }
-        if (!in_range(v + r * d, d)
-            || store_row(kt, c, v + r * d, centered ? c->v_offset + head * d : NULL,
-                         c->v_codes + row * d, c->v_scale + row) != 0) {
-            *bad = r;
-            return 2;
+            return in_range(k + r * d, d) ? 2 : 1;
         }
     }
+    const row_source src_k = {c, k, c->k_recent, len}, src_v = {c, v, c->v_recent, len};
+    size_t code_from = len;
+    if (c->k_offset && !c->offsets_set) {
+        size_t to = 0;                  /* the offsets come from positions 1 .. to-1 */
+        if (!c->recent && end >= 2)
+            to = end;                                       /* this append's rows past 0 */
+        else if (c->recent && end >= c->recent + 1)
+            to = c->recent + 1;                             /* positions 1 .. R */
+        if (to) {
+            set_offset(kt, &src_k, 1, to, c->k_offset);
+            set_offset(kt, &src_v, 1, to, c->v_offset);
+            c->offsets_set = 1;
+            code_from = len > 1 ? 1 : len;      /* rows coded uncentered so far, again */
+        }
+    }
+    if (c->k_first && len == 0) {
+        for (size_t g = 0; g < hkv; g++) {
+            memcpy(c->k_first + g * d, k + g * d, d * sizeof(float));
+            memcpy(c->v_first + g * d, v + g * d, d * sizeof(float));
+        }
+    }
+    code_rows(kt, c, &src_k, &src_v, code_from, end);
+    if (c->recent) {                    /* the latest `ring` rows into the ring */
+        const size_t from = end > c->ring && end - c->ring > len ? end - c->ring : len;
+        for (size_t pos = from; pos < end; pos++) {
+            const size_t s = slot_of(c, pos);
+            memcpy(c->k_recent + s * hkv * d, k + (pos - len) * hkv * d, hkv * d * sizeof(float));
+            memcpy(c->v_recent + s * hkv * d, v + (pos - len) * hkv * d, hkv * d * sizeof(float));
+        }
+        if (end > c->ring && end - c->ring > c->held_from)
+            c->held_from = end - c->ring;
+    } else {
+        c->held_from = end;
+    }
+    c->length = end;
     return 0;
+}
+
+void i8a_truncate(const i8a_kernels *kt, i8a_cache *c, size_t n)
+{
+    I8A_EXPECT(n <= c->length);
+    c->length = n;
+    c->held_from = c->held_from < n ? c->held_from : n;
+    if (!has_offsets(c))
+        return;
+    if (!c->recent && n <= 1) {
+        c->offsets_set = 0;
+    } else if (c->recent && n <= c->recent && c->held_from <= 1) {
+        /* back to before the offsets: the rows past position 0 coded uncentered again, as the
+         * appends that brought the cache to n tokens left them */
+        const row_source src_k = {c, NULL, c->k_recent, n}, src_v = {c, NULL, c->v_recent, n};
+        c->offsets_set = 0;
+        code_rows(kt, c, &src_k, &src_v, 1, n);
+    }
 }
 
 static size_t align64(size_t n)
 {
     return (n + 63) & ~(size_t)63;
-}
-
-static size_t n_chunks(const i8a_cache *c)
-{
-    return (c->length + I8A_CHUNK - 1) / I8A_CHUNK;
 }
 
 /* The first position read from the codes (position 0 is read from its float row when kept). */
@@ -199,36 +256,72 @@ static size_t coded_from(const i8a_cache *c)
     return c->k_first ? 1 : 0;
 }
 
-/* The positions query tt of t sees, as two half-open ranges of coded positions in position
- * order: the sinks [sink_begin, sink_end) (empty without them) and the window up to the query
- * itself [win_begin, win_end); and pos0: whether it sees position 0 from its float row (kept
- * first position). */
+/* The first position a query at position end - 1 reads from the recent window (end when it
+ * reads none): the last R positions up to it whose floats are held, not position 0 when it is
+ * kept apart. */
+static size_t float_start(const i8a_cache *c, size_t end)
+{
+    if (!c->recent)
+        return end;
+    size_t w = end > c->recent ? end - c->recent : 0;
+    w = w > c->held_from ? w : c->held_from;
+    w = w > coded_from(c) ? w : coded_from(c);
+    return w < end ? w : end;
+}
+
+size_t i8a_window_start(const i8a_cache *c)
+{
+    return float_start(c, c->length);
+}
+
+/* Chunks of every kv head's positions [0, len), in I8A_CHUNK steps. */
+static size_t n_chunks(const i8a_cache *c)
+{
+    return (c->length + I8A_CHUNK - 1) / I8A_CHUNK;
+}
+
+/* The positions query tt of t sees: as two half-open ranges of coded positions in position
+ * order, the sinks [sink_begin, sink_end) (empty without them) and the window up to the query
+ * itself [win_begin, win_end); pos0: whether it sees position 0 from its float row (kept first
+ * position); and the positions p of the recent window it sees: fw <= p < end with p >= lo or
+ * p < sinks. Each query reads the recent window of its own position (float_start), so a
+ * decode of t queries reads what t single-query decodes after one append each would read,
+ * while the ring holds those positions' floats (t <= R). */
 typedef struct {
     size_t sink_begin, sink_end, win_begin, win_end;
     int pos0;
+    size_t lo, end, fw;
 } visible_ranges;
+
+static size_t clip(size_t x, size_t lo, size_t hi)
+{
+    return x < lo ? lo : x > hi ? hi : x;
+}
 
 static visible_ranges visible(const i8a_cache *c, size_t t, size_t tt, const i8a_options *opt)
 {
     const size_t end = c->length - t + tt + 1;              /* the query's position + 1 */
-    size_t lo = opt->window && end > opt->window ? end - opt->window : 0;
-    visible_ranges v = {0, 0, lo, end, 0};
+    const size_t lo = opt->window && end > opt->window ? end - opt->window : 0;
+    const size_t e = coded_from(c), fw = float_start(c, end);
+    visible_ranges v = {0, 0, lo, end, 0, lo, end, fw};
     if (opt->sinks >= lo)
         v.win_begin = 0;                                    /* the sinks join the window */
     else
         v.sink_end = opt->sinks;
-    const size_t e = coded_from(c);
     v.pos0 = e && (v.win_begin == 0 || v.sink_end > 0);
-    v.sink_begin = v.sink_begin > e ? v.sink_begin : e;
-    v.win_begin = v.win_begin > e ? v.win_begin : e;
+    /* the coded ranges: within [e, fw) (empty ranges collapse to begin == end) */
+    v.sink_end = clip(v.sink_end, e, fw);
+    v.sink_begin = clip(v.sink_begin, e, v.sink_end);
+    v.win_end = clip(v.win_end, e, fw);
+    v.win_begin = clip(v.win_begin, e, v.win_end);
     return v;
 }
 
 /* The chunks the queries see, in position order: two runs of consecutive chunks (the sinks',
  * then the window's; the second empty when they meet). Each query's window range ends at its
  * own position and consecutive queries' ranges overlap, so the window ranges of all queries
- * cover [the first query's window start, len); the sinks range is the same for every query
- * that has one, and the last query has one when any does. */
+ * cover [the first query's window start, the last query's recent window); the sinks range is
+ * the same for every query that has one, and the last query has one when any does. */
 typedef struct {
     size_t begin[2], count[2];
 } chunk_runs;
@@ -243,8 +336,9 @@ static chunk_runs visible_chunks(const i8a_cache *c, size_t t, const i8a_options
         runs.count[0] = (vl.sink_end - 1) / I8A_CHUNK + 1 - runs.begin[0];
         k = 1;
     }
-    if (v0.win_begin < c->length) {
-        size_t b = v0.win_begin / I8A_CHUNK, e = (c->length - 1) / I8A_CHUNK + 1;
+    const size_t fw = i8a_window_start(c);
+    if (v0.win_begin < fw) {
+        size_t b = v0.win_begin / I8A_CHUNK, e = (fw - 1) / I8A_CHUNK + 1;
         if (k && b <= runs.begin[0] + runs.count[0]) {      /* meets the sinks' run: one run */
             runs.count[0] = e - runs.begin[0];
         } else {
@@ -290,6 +384,7 @@ static size_t threads_for(size_t work, size_t items, size_t max_threads)
 /* The plan of one decode: the visible chunks, the thread count, and the workspace layout, every
  * part 64-byte aligned (R = t * nq query rows per kv head):
  *   q_hi, q_lo [hkv][R][d] int8;  c_hi, c_lo, bias, pos0_logit [hkv][R] float;
+ *   q_float [hkv][R][d] float, q times the softmax scale as given (the recent window's dots);
  *   residual [d] float;
  *   position 0's V row in the stored space, v_pos0 [hkv][d] float;
  *   chunks left per kv head [hkv] (atomic);
@@ -300,7 +395,8 @@ static size_t threads_for(size_t work, size_t items, size_t max_threads)
 typedef struct {
     chunk_runs runs;
     size_t rows, parts, nvis, threads;
-    size_t q_lo, c_hi, c_lo, bias, pos0_logit, v_pos0, residual, left, run_m, run_l, states;
+    size_t q_lo, c_hi, c_lo, bias, pos0_logit, q_float, v_pos0, residual, left, run_m, run_l;
+    size_t states;
     size_t workers, end;
     size_t state_bytes, worker_bytes;
 } layout;
@@ -331,7 +427,8 @@ static layout plan(const i8a_cache *c, size_t t, size_t h, const i8a_options *op
     L.c_lo = L.c_hi + align64(qrows * f);
     L.bias = L.c_lo + align64(qrows * f);
     L.pos0_logit = L.bias + align64(qrows * f);
-    L.v_pos0 = L.pos0_logit + align64(qrows * f);
+    L.q_float = L.pos0_logit + align64(qrows * f);
+    L.v_pos0 = L.q_float + (c->recent ? align64(qrows * d * f) : 0);
     L.residual = L.v_pos0 + align64(hkv * d * f);
     L.left = L.residual + align64(d * f);
     L.run_m = L.left + align64(hkv * sizeof(atomic_size_t));
@@ -477,11 +574,17 @@ static size_t chunk_start(const i8a_cache *c, size_t chunk)
     return c0 > coded_from(c) ? c0 : coded_from(c);
 }
 
-/* Chunk `chunk` of kv head g as a span: its coded positions, the last chunk cut at len. */
-static i8a_span chunk_span(const i8a_cache *c, size_t g, size_t chunk)
+/* Chunk `chunk` of kv head g as a span of its coded positions below `end`. */
+static i8a_span chunk_span_to(const i8a_cache *c, size_t g, size_t chunk, size_t end)
 {
     const size_t c1 = chunk * I8A_CHUNK + I8A_CHUNK;
-    return span_rows(c, g, chunk_start(c, chunk), c1 < c->length ? c1 : c->length);
+    return span_rows(c, g, chunk_start(c, chunk), c1 < end ? c1 : end);
+}
+
+/* Chunk `chunk` of kv head g as decode reads it: cut where the recent window starts. */
+static i8a_span chunk_span(const i8a_cache *c, size_t g, size_t chunk)
+{
+    return chunk_span_to(c, g, chunk, i8a_window_start(c));
 }
 
 /* The state of position 0 read from its float row (kept first position): m = the logit
@@ -499,10 +602,70 @@ static void pos0_state(const decode_job *job, size_t g, size_t r, const float *v
         run->o[i] = off ? v0[i] - c->v_offset[g * c->head_dim + i] : v0[i];
 }
 
+/* x . y over d floats (a multiple of 16): I8A_SUM_LANES running sums, lane i taking the
+ * elements i, i + 16, ..., then i8a_reduce_lanes: one order, which vectorizes. */
+static float dot_lanes(const float *x, const float *y, size_t d)
+{
+    float lane[I8A_SUM_LANES] = {0.0f};
+    for (size_t i = 0; i < d; i += I8A_SUM_LANES)
+        for (size_t j = 0; j < I8A_SUM_LANES; j++)
+            lane[j] = lane[j] + x[i + j] * y[i + j];
+    return i8a_reduce_lanes(lane);
+}
+
+/* The state of query row r of kv head g over the positions of the recent window it sees
+ * (visible_ranges), exactly from their floats: logits q * scale . k (soft-capped when the cap is
+ * on), m their max, weights exp(logit - m) summed in position order into l and, times the V
+ * rows, into o; o is then rotated into the stored space, minus l * v_offset when `off` (as the
+ * coded rows' states are). Returns 0 when the row sees none of the window (st untouched). */
+static int window_state(const decode_job *job, size_t g, size_t r, const visible_ranges *vis,
+                        int off, const i8a_state *st)
+{
+    const i8a_cache *c = job->c;
+    const size_t d = c->head_dim, hkv = c->n_kv_heads, sinks = job->opt->sinks;
+    const float cap = job->opt->softcap;
+    const float *qf = (const float *)(job->base + job->L.q_float) + (g * job->L.rows + r) * d;
+    float logit[I8A_RECENT_MAX];
+    size_t n = 0;
+    float m = -INFINITY;
+    for (size_t p = vis->fw; p < vis->end; p++) {
+        if (p < vis->lo && p >= sinks)
+            continue;
+        float lg = dot_lanes(qf, c->k_recent + (slot_of(c, p) * hkv + g) * d, d);
+        lg = cap > 0.0f ? i8a_softcap(lg, cap, 1.0f / cap) : lg;
+        logit[n++] = lg;
+        m = lg > m ? lg : m;
+    }
+    if (n == 0)
+        return 0;
+    float l = 0.0f;
+    for (size_t i = 0; i < d; i++)
+        st->o[i] = 0.0f;
+    n = 0;
+    for (size_t p = vis->fw; p < vis->end; p++) {
+        if (p < vis->lo && p >= sinks)
+            continue;
+        const float w = i8a_exp_scalar(logit[n++] - m);
+        const float *vr = c->v_recent + (slot_of(c, p) * hkv + g) * d;
+        l = l + w;
+        for (size_t i = 0; i < d; i++)
+            st->o[i] = st->o[i] + w * vr[i];
+    }
+    if (c->sign)
+        job->kt->rotate(st->o, d, c->sign, 0, st->o);
+    if (off)
+        for (size_t i = 0; i < d; i++)
+            st->o[i] = st->o[i] - l * c->v_offset[g * d + i];
+    st->m[0] = m;
+    st->l[0] = l;
+    return 1;
+}
+
 /* All chunks of kv head g are done: per query row, fold the states it has in position order
- * (position 0 from its float row, chunks, and within a chunk the sinks before the window),
- * normalize into out, add the V offset when the row saw coded positions (so a row that sees
- * only position 0 gets the same bits whatever the cache's length). */
+ * (position 0 from its float row, chunks, and within a chunk the sinks before the window, then
+ * the recent window), normalize into out, add the V offset when the row saw coded positions (so
+ * a row that sees only position 0 and the window gets the same bits whatever the cache's
+ * length). */
 static void finish_head(const decode_job *job, size_t g)
 {
     const i8a_cache *c = job->c;
@@ -519,7 +682,7 @@ static void finish_head(const decode_job *job, size_t g)
         float *o = job->out + (tt * job->h + g * nq + j) * d;
         const i8a_state run = {rm + r, rl + r, o};
         const visible_ranges vis = visible(c, job->t, tt, job->opt);
-        const int off = has_offsets(c, c->length)
+        const int off = has_offsets(c)
                         && (vis.sink_begin < vis.sink_end || vis.win_begin < vis.win_end);
         int started = vis.pos0;
         if (started)
@@ -536,6 +699,16 @@ static void finish_head(const decode_job *job, size_t g)
                 } else {
                     job->kt->merge(&run, &st, d);
                 }
+            }
+        }
+        float wm, wl, wo[I8A_MAX_HEAD_DIM];
+        const i8a_state win = {&wm, &wl, wo};
+        if (c->recent && window_state(job, g, r, &vis, off, &win)) {
+            if (!started) {
+                rm[r] = wm, rl[r] = wl;
+                memcpy(o, wo, d * sizeof(float));
+            } else {
+                job->kt->merge(&run, &win, d);
             }
         }
         const float inv = 1.0f / rl[r];
@@ -622,6 +795,7 @@ static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t
     float *residual = (float *)(job->base + L.residual);
     float *bias = (float *)(job->base + L.bias);
     float *pos0_logit = (float *)(job->base + L.pos0_logit);
+    float *q_float = (float *)(job->base + L.q_float);
     /* |q| may reach I8A_VALUE_MAX and I8A_QSCALE_MAX / scale, whichever is lower: the largest
      * float not above it (a float q is at most x exactly when it is at most that float) */
     double most = (double)I8A_QSCALE_MAX / (double)opt->scale;
@@ -647,10 +821,13 @@ static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t
             }
             /* the logit of position 0 from its float row, and the K offset's part
              * of every other logit (both q.x * scale, the dot in double) */
-            bias[r] = has_offsets(c, c->length)
+            bias[r] = has_offsets(c)
                 ? dot_scaled(qrow, c->k_offset + g * d, d, opt->scale) : 0.0f;
             if (c->k_first)
                 pos0_logit[r] = dot_scaled(q0, c->k_first + g * d, d, opt->scale);
+            if (c->recent)
+                for (size_t i = 0; i < d; i++)
+                    q_float[r * d + i] = q0[i] * opt->scale;
         }
     }
     atomic_size_t *left = (atomic_size_t *)(job->base + L.left);
@@ -765,11 +942,11 @@ static void stream_range(void *ctx, size_t begin, size_t end, size_t after, size
     uint64_t x = 0;
     for (size_t item = begin; item < end; item++) {
         /* the same items, ranges and prefetch of the next item as a decode */
-        const i8a_span s = chunk_span(c, item / job->chunks, item % job->chunks);
+        const i8a_span s = chunk_span_to(c, item / job->chunks, item % job->chunks, c->length);
         const size_t then = item + 1 < end ? item + 1 : after;
         i8a_span next = {0};                                /* no next: NULL, no prefetch */
         if (then < c->n_kv_heads * job->chunks)
-            next = chunk_span(c, then / job->chunks, then % job->chunks);
+            next = chunk_span_to(c, then / job->chunks, then % job->chunks, c->length);
         x ^= stream(s.k, s.n * c->head_dim, next.k);
         x ^= stream(s.v, s.n * c->head_dim, next.v);
         x ^= stream(s.ks, s.n * sizeof(float), NULL);
@@ -821,9 +998,16 @@ static void dequantize_row(const i8a_kernels *kt, const i8a_cache *c, size_t g, 
 
 void i8a_dequantize(const i8a_kernels *kt, const i8a_cache *c, float *k, float *v)
 {
-    const size_t d = c->head_dim, hkv = c->n_kv_heads;
-    const int off = has_offsets(c, c->length);
+    const size_t d = c->head_dim, hkv = c->n_kv_heads, fw = i8a_window_start(c);
+    const int off = has_offsets(c);
     for (size_t pos = 0; pos < c->length; pos++) {
+        if (pos >= fw) {                /* the window: its floats, every head at once */
+            memcpy(k + pos * hkv * d, c->k_recent + slot_of(c, pos) * hkv * d,
+                   hkv * d * sizeof(float));
+            memcpy(v + pos * hkv * d, c->v_recent + slot_of(c, pos) * hkv * d,
+                   hkv * d * sizeof(float));
+            continue;
+        }
         for (size_t g = 0; g < hkv; g++) {
             const size_t at = (pos * hkv + g) * d;
             if (c->k_first && pos == 0) {
@@ -839,18 +1023,27 @@ void i8a_dequantize(const i8a_kernels *kt, const i8a_cache *c, float *k, float *
 void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n)
 {
     I8A_EXPECT(n <= c->length);
-    const size_t d = c->head_dim, cap = c->max_seq, keep = c->length - n;
+    const size_t d = c->head_dim, hkv = c->n_kv_heads, cap = c->max_seq, keep = c->length - n;
     if (n == 0)
         return;
-    if (c->k_first && keep > 0)     /* position n, as decode read it, becomes the float row */
-        for (size_t g = 0; g < c->n_kv_heads; g++)
-            dequantize_row(kt, c, g, n, has_offsets(c, c->length), c->k_first + g * d,
-                           c->v_first + g * d);
-    for (size_t g = 0; g < c->n_kv_heads; g++) {
+    if (c->k_first && keep > 0) {   /* position n, as decode read it, becomes the float row */
+        if (n >= i8a_window_start(c)) {
+            memcpy(c->k_first, c->k_recent + slot_of(c, n) * hkv * d, hkv * d * sizeof(float));
+            memcpy(c->v_first, c->v_recent + slot_of(c, n) * hkv * d, hkv * d * sizeof(float));
+        } else {
+            for (size_t g = 0; g < hkv; g++)
+                dequantize_row(kt, c, g, n, has_offsets(c), c->k_first + g * d,
+                               c->v_first + g * d);
+        }
+    }
+    for (size_t g = 0; g < hkv; g++) {
         memmove(c->k_codes + g * cap * d, c->k_codes + (g * cap + n) * d, keep * d);
         memmove(c->v_codes + g * cap * d, c->v_codes + (g * cap + n) * d, keep * d);
         memmove(c->k_scale + g * cap, c->k_scale + g * cap + n, keep * sizeof(float));
         memmove(c->v_scale + g * cap, c->v_scale + g * cap + n, keep * sizeof(float));
     }
+    if (c->ring)                    /* slot (p + n + shift) % ring now holds position p */
+        c->ring_shift = (c->ring_shift + n) % c->ring;
+    c->held_from = c->held_from > n ? c->held_from - n : 0;
     c->length = keep;
 }

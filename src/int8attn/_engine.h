@@ -18,14 +18,29 @@
  * Keeping the first position (k_first != NULL): position 0, the attention sink, is also kept as
  * given in k_first / v_first, and decode reads it from there instead of from its codes.
  *
+ * The recent window (recent = R > 0): the float rows of the latest positions, as appended, are
+ * also kept in a ring (k_recent / v_recent), and decode reads the last R positions from there
+ * instead of from their codes. The ring holds the last 2R positions appended (R more than the
+ * window reads), so truncate can take back up to R tokens and find the window's rows still
+ * there; floats are held for positions [held_from, length). Every row is also quantized as it
+ * is appended, so the codes of every position exist (the window's are read once a truncate
+ * deeper than the ring, or an evict, leaves a position without its floats).
+ *
  * Centering (k_offset != NULL, only with k_first): every row past position 0 is stored minus
  * its kv head's offset (k_offset / v_offset, in the stored space), which decode adds back:
  * q.off joins each logit (the query's bias) and the V offset joins the output (the weights sum
- * to 1). The offsets exist once the cache holds 2 or more tokens: the append that first
- * reaches past position 0 sets them to the mean of its own rows past position 0, or to zeros
- * when it holds fewer than I8A_OFFSET_MIN_ROWS of them (a cache filled token by token: one row
- * is no mean). */
+ * to 1). With a recent window the offsets are the mean of positions 1 .. R, set by the append
+ * that brings the cache to R + 1 tokens, however the rows were split into appends (until then
+ * the rows past position 0 are coded uncentered, and decode reads them only from the window);
+ * a truncate back to R tokens or fewer forgets them while the window's floats are held. Without
+ * a window the append that first reaches past position 0 sets them, to the mean of its own rows
+ * past position 0, or to zeros when it holds fewer than I8A_OFFSET_MIN_ROWS of them (one row is
+ * no mean); a truncate to 1 token or fewer forgets them. Either way a kv head whose mean fails
+ * offset_keeps (one huge outlier) gets a zero offset. */
 #define I8A_OFFSET_MIN_ROWS 16
+
+/* The largest recent window (its logits sit on the stack during a decode). */
+#define I8A_RECENT_MAX 1024
 
 /* The range of the format. Every value appended (k, v) or decoded against (q) must be within
  * +-I8A_VALUE_MAX (2^64): then no step of the format (the rotation grows a row's largest value
@@ -45,6 +60,12 @@ typedef struct {
     const float *sign;          /* [head_dim] +-1 of the random-sign Hadamard rotation, or NULL */
     float *k_first, *v_first;   /* [n_kv_heads][head_dim] position 0 as appended, or NULL */
     float *k_offset, *v_offset; /* [n_kv_heads][head_dim] the offsets, or NULL: no centering */
+    int offsets_set;            /* the offsets hold (decode adds them back); 0 without them */
+    size_t recent;              /* R, the positions decode reads as floats; 0: no window */
+    size_t ring;                /* slots of the ring: min(2R, max_seq); 0 without a window */
+    float *k_recent, *v_recent; /* [ring][n_kv_heads][head_dim] float rows as appended, or NULL */
+    size_t ring_shift;          /* position p's rows sit in slot (p + ring_shift) % ring */
+    size_t held_from;           /* floats are held for positions held_from .. length-1 */
     void *work;                 /* decode's workspace (64-byte aligned), grown by i8a_decode */
     size_t work_bytes;          /* its size; 0 with work == NULL before the first decode */
 } i8a_cache;
@@ -58,13 +79,18 @@ void i8a_cache_free_work(i8a_cache *c);
 void *i8a_alloc_aligned(size_t bytes);
 void i8a_free_aligned(void *p);
 
-/* Quantize t tokens, k and v each [t][hkv][d] float32, into rows len .. len+t-1 (len itself is
- * not changed: the caller commits it; position 0's float row and the offsets written here
- * count only once it does). Returns 0, or 1 / 2 when k / v holds a NaN, an Inf or a value
- * beyond +-I8A_VALUE_MAX, with *bad = token * hkv + head of the first such row. Requires
- * len + t <= cap. */
-int i8a_append(const i8a_kernels *kt, const i8a_cache *c, const float *k, const float *v,
-               size_t t, size_t *bad);
+/* Store t tokens, k and v each [t][hkv][d] float32, as positions len .. len+t-1, and grow len by
+ * t. Returns 0, or with the cache unchanged 1 / 2 when k / v holds a NaN, an Inf or a value
+ * beyond +-I8A_VALUE_MAX, with *bad = token * hkv + head of the first such row (in row order, k
+ * before v). Requires len + t <= cap and t >= 1. */
+int i8a_append(const i8a_kernels *kt, i8a_cache *c, const float *k, const float *v, size_t t,
+               size_t *bad);
+
+/* Keep the first n positions (n <= len): what decode reads of them is then what it read after
+ * the n-th append, as long as the ring still holds the floats of the window up to n (always,
+ * when the cache was not truncated further back than R tokens before); positions whose floats
+ * are gone are read from their codes. The offsets are forgotten as the header says. */
+void i8a_truncate(const i8a_kernels *kt, i8a_cache *c, size_t n);
 
 /* What a decode computes beyond q: the softmax scale, q precision, and which positions each
  * query sees. Query t of T sits at position len - T + t and sees the positions up to itself
@@ -107,8 +133,8 @@ int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, cons
 
 /* Forget the n oldest positions (n <= len): position n + i becomes position i, and len shrinks
  * by n (a sliding-window layer's history past its window). With a kept first position, the new
- * position 0's float row is its dequantized codes (what decode read for it before). The
- * offsets, when the cache has them, stay. */
+ * position 0's float row is what decode read for it before (its window floats, or its
+ * dequantized codes). The offsets, when the cache has them, stay. */
 void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n);
 
 /* The signs [d] (+-1) of the rotation with this seed: bit 63 of successive splitmix64 outputs
@@ -118,12 +144,17 @@ void i8a_rotation_signs(uint64_t seed, size_t d, float *sign);
 /* The history decode attends over, as floats: k and v [len][hkv][d] float32 each, row = code *
  * scale (float32), plus the offset when the cache holds them, rotated back (the tier's inverse
  * rotation, in place: the same bits on every tier); with a kept first position, position 0 is
- * its float row. */
+ * its float row; the positions decode reads from the recent window are their floats. */
 void i8a_dequantize(const i8a_kernels *kt, const i8a_cache *c, float *k, float *v);
 
-/* Read every byte a decode of the whole cache reads (K and V codes and scales of every kv head
- * and token), split over `threads` threads like a decode: the bandwidth probe of the benchmarks.
- * Returns a checksum so the reads cannot be optimized away. */
+/* The first position decode reads from the recent window (len when it reads none): the last R
+ * positions, those whose floats are held, and not position 0 when it is kept apart. */
+size_t i8a_window_start(const i8a_cache *c);
+
+/* Read the K and V codes and scales of every kv head and position (what a decode of the whole
+ * cache reads, but for the recent window's floats in place of its codes), split over `threads`
+ * threads like a decode: the bandwidth probe of the benchmarks. Returns a checksum so the reads
+ * cannot be optimized away. */
 uint64_t i8a_stream_read(const i8a_probe *probe, const i8a_cache *c, size_t threads);
 
 #endif

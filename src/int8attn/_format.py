@@ -5,18 +5,24 @@ The limits are the C engine's (``_engine.h``, ``_simd/dispatch.h``); ``_cache`` 
 that the compiled values equal these, so the two cannot drift apart.
 """
 
-# The formats by name: Int8KVCache(..., **FORMATS[name]). Each adds one step to the previous.
+# The formats by name: Int8KVCache(..., **FORMATS[name]). Each of the first four adds one step
+# to the previous; "default" is "keep_first" with the recent window, "recent_centered" adds the
+# offsets to it. "centered" was the default before the recent window (0.3).
+_NO = {"rotate": False, "keep_first": False, "center": False, "recent": 0}
 FORMATS = {
-    "plain": {"rotate": False, "keep_first": False, "center": False},    # per-row absmax int8
-    "rotated": {"rotate": True, "keep_first": False, "center": False},   # + Hadamard rotation
-    "keep_first": {"rotate": True, "keep_first": True, "center": False}, # + position 0 as floats
-    "default": {"rotate": True, "keep_first": True, "center": True},     # + per-head offsets
+    "plain": _NO,                                                       # per-row absmax int8
+    "rotated": {**_NO, "rotate": True},                                 # + Hadamard rotation
+    "keep_first": {**_NO, "rotate": True, "keep_first": True},          # + position 0 as floats
+    "centered": {**_NO, "rotate": True, "keep_first": True, "center": True},  # + offsets
+    "default": {**_NO, "rotate": True, "keep_first": True, "recent": 64},     # keep_first + window
+    "recent_centered": {"rotate": True, "keep_first": True, "center": True, "recent": 64},
 }
 DEFAULT = FORMATS["default"]
 
 MAX_HEAD_DIM = 1024                # head_dim: a multiple of 16, at most this
 CHUNK = 256                        # tokens per softmax chunk (the contract's order)
 OFFSET_MIN_ROWS = 16               # rows past position 0 an append needs to set the offsets
+RECENT_MAX = 1024                  # the largest recent window
 VALUE_MAX = 2.0 ** 64              # |k|, |v|, |q| the format takes
 QSCALE_MAX = 2.0 ** 40             # scale * max|q| of a query row
 OFFSET_MAX = VALUE_MAX * 32        # an offset in the stored space (rotated): at most 2**69
@@ -25,4 +31,5 @@ SOFTCAP_RANGE = (2.0 ** -126, 2.0 ** 126)   # so that 1 / softcap is a normal fl
 MAX_THREADS = 256
 
 FILE_FORMAT = "int8attn.Int8KVCache"
-FILE_VERSION = 2                   # written; 1 (before keep_first and center) is read too
+FILE_VERSION = 3                   # written; 1 (before keep_first and center) and 2 (before the
+                                   # recent window) are read too

@@ -25,6 +25,8 @@ class State(NamedTuple):
     rotation_seed: int
     keep_first: bool
     center: bool
+    recent: int
+    offsets_set: bool
     arrays: dict
 
 
@@ -33,6 +35,7 @@ def state_of(cache):
     hkv, d = cache.n_kv_heads, cache.head_dim
     zeros = np.zeros((hkv, d), np.float32)
     rows = {key: getattr(cache, key) for key in _FLOAT_ROWS}
+    k_recent, v_recent = cache._held()
     return {
         "format": F.FILE_FORMAT, "format_version": F.FILE_VERSION,
         "n_kv_heads": hkv, "max_seq": cache.max_seq, "head_dim": d, "length": len(cache),
@@ -41,6 +44,8 @@ def state_of(cache):
         **{key: getattr(cache, key).copy() for key in _ARRAYS},
         "keep_first": cache.keep_first, "center": cache.center,
         **{key: zeros.copy() if row is None else row for key, row in rows.items()},
+        "offsets_set": cache._offsets_set(), "recent": cache.recent,
+        "k_recent": k_recent, "v_recent": v_recent,
     }
 
 
@@ -72,8 +77,8 @@ def check(state, max_seq):
     if fmt.shape != () or fmt.dtype.kind != "U" or str(fmt) != F.FILE_FORMAT:
         raise ValueError(f"state format is {str(fmt)[:60]!r}, expected {F.FILE_FORMAT!r}")
     version = _scalar(state, "format_version", "int")
-    if version not in (1, F.FILE_VERSION):
-        raise ValueError(f"state format_version is {version}; this int8attn reads 1 and "
+    if not 1 <= version <= F.FILE_VERSION:
+        raise ValueError(f"state format_version is {version}; this int8attn reads 1 to "
                          f"{F.FILE_VERSION}")
     ints = {key: _scalar(state, key, "int") for key in _INTS}
     hkv, d, n = ints["n_kv_heads"], ints["head_dim"], ints["length"]
@@ -127,7 +132,40 @@ def check(state, max_seq):
         if not np.all(np.abs(a) <= bound):
             raise ValueError(f"state {key} holds NaN, Inf or values beyond +-{bound:.3g}")
         arrays[key] = a
-    return State(hkv, cap, d, n, rotate, seed, keep_first, center, arrays)
+    # the recent window (version 3; before it, none) and whether the offsets are set (version 2
+    # caches set them with their second token)
+    recent = _scalar(state, "recent", "int", 0) if version >= 3 else 0
+    if not 0 <= recent <= F.RECENT_MAX:
+        raise ValueError(f"state recent must be from 0 to {F.RECENT_MAX}, got {recent}")
+    offsets_set = _scalar(state, "offsets_set", "bool") if version >= 3 else center and n >= 2
+    if offsets_set and not center:
+        raise ValueError("state has offsets_set without center, which int8attn never writes")
+    if offsets_set and recent and n < recent + 1 or offsets_set and n < 2:
+        raise ValueError(f"state offsets_set with length {n}: the offsets are set only once a "
+                         f"cache holds {recent + 1 if recent else 2} tokens")
+    held = 0
+    for key in ("k_recent", "v_recent"):
+        if version < 3 or not recent:
+            arrays[key] = np.zeros((0, hkv, d), np.float32)
+            continue
+        if key not in state:
+            raise ValueError(f"state lacks {key}, which its recent={recent} needs")
+        a = np.asarray(state[key])
+        if a.dtype != np.float32 or a.ndim != 3 or a.shape[1:] != (hkv, d):
+            raise ValueError(f"state {key} must be float32 [n, {hkv}, {d}], got {a.dtype} "
+                             f"{list(a.shape)}")
+        held = a.shape[0]
+        if held > min(n, 2 * recent, cap):
+            raise ValueError(f"state {key} holds {held} positions; a cache of length {n} with "
+                             f"recent={recent} and max_seq={cap} holds at most "
+                             f"{min(n, 2 * recent, cap)}")
+        if not np.all(np.abs(a) <= F.VALUE_MAX):
+            raise ValueError(f"state {key} holds NaN, Inf or values beyond +-{F.VALUE_MAX:.3g}")
+        arrays[key] = a
+    if arrays["k_recent"].shape != arrays["v_recent"].shape:
+        raise ValueError(f"state k_recent and v_recent must have one shape, got "
+                         f"{list(arrays['k_recent'].shape)} and {list(arrays['v_recent'].shape)}")
+    return State(hkv, cap, d, n, rotate, seed, keep_first, center, recent, offsets_set, arrays)
 
 
 def restore(cls, state, max_seq):
@@ -135,13 +173,14 @@ def restore(cls, state, max_seq):
     s = check(state, max_seq)
     try:
         cache = cls(s.n_kv_heads, s.max_seq, s.head_dim, rotate=s.rotate,
-                    rotation_seed=s.rotation_seed, keep_first=s.keep_first, center=s.center)
+                    rotation_seed=s.rotation_seed, keep_first=s.keep_first, center=s.center,
+                    recent=s.recent)
     except (MemoryError, ValueError) as e:
         what = "state max_seq" if max_seq is None else "max_seq"
         raise ValueError(f"{what} {s.max_seq} cannot be allocated for n_kv_heads={s.n_kv_heads}, "
                          f"head_dim={s.head_dim} ({type(e).__name__}: {e}); pass a smaller "
                          f"max_seq (at least the state's length, {s.length})") from None
-    cache._restore(s.length, s.arrays)
+    cache._restore(s.length, s.arrays, s.offsets_set)
     return cache
 
 

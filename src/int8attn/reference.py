@@ -6,6 +6,7 @@
 - :func:`attention`: attention of float q over float K/V (float64 inside), the accuracy reference,
   with the decode options (several query positions, window, sinks, softcap); :func:`visible`
   says which positions each query sees.
+- :func:`window_rows`: the floats decode reads for the recent window.
 - :func:`emulate`: the kernel's method, exactly where it rounds to integers (int8 q planes, exact
   integer dots) and in float64 everywhere else: what the kernel computes, minus its f32 rounding.
 """
@@ -136,11 +137,27 @@ def attention(q, k, v, *, scale=None, window=None, sinks=0, softcap=None):
     return out[0] if single else out
 
 
+def window_rows(cache):
+    """The floats decode reads for the recent window of an Int8KVCache: (k, v), each [n, Hkv, D]
+    float32 for its last n positions (n = 0 without a window): the last ``recent`` positions
+    whose floats the cache holds, position 0 excepted when the cache keeps it apart."""
+    recent = getattr(cache, "recent", 0)
+    if not recent:
+        return np.zeros((0,)), np.zeros((0,))
+    state = cache.state_dict()
+    k, v, length = state["k_recent"], state["v_recent"], int(state["length"])
+    n = min(recent, len(k), length - (1 if state["keep_first"] else 0))
+    n = max(n, 0)
+    return k[len(k) - n:], v[len(v) - n:]
+
+
 def emulate(q, cache, *, scale=None, q_bits=16):
     """The kernel's method in numpy, for q [H, D] over an Int8KVCache (or anything with its
     ``k_i8, k_scale, v_i8, v_scale`` views, and ``k_first``, ``v_first`` when it keeps the first
-    position, ``k_offset``, ``v_offset`` when it centers): exact int8 planes of q and exact
-    integer dots, then float64 logits, softmax and accumulation. Returns [H, D] float32."""
+    position, ``k_offset``, ``v_offset`` when it centers, ``state_dict()`` when it has a recent
+    window): exact int8 planes of q and exact integer dots, then float64 logits, softmax and
+    accumulation; the positions of the recent window from their floats. Returns [H, D]
+    float32."""
     q_plain = np.asarray(q, dtype=np.float32)
     h, d = q_plain.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -170,6 +187,13 @@ def emulate(q, cache, *, scale=None, q_bits=16):
         logits[:, 0] = np.einsum("hd,hd->h", q_plain.astype(np.float64), k0) * scale
         v0 = per_query_head(cache.v_first)
         v[0] = v0 if signs is None else rotate(v0, signs)
+    kw, vw = window_rows(cache)
+    if len(kw):                                  # the recent window from its floats
+        fw = logits.shape[1] - len(kw)
+        logits[:, fw:] = np.einsum("hd,shd->hs", q_plain.astype(np.float64),
+                                   _expand(kw.astype(np.float64), h)) * scale
+        vw = _expand(vw.astype(np.float64), h)
+        v[fw:] = vw if signs is None else rotate(vw, signs)
     out = _softmax_attend(logits, v)
     if signs is not None:                            # back from the rotated space
         out = rotate(out, signs, inverse=True)
