@@ -10,14 +10,15 @@ vocabulary. Five of every six layers are sliding-window layers (``window=512``);
 global. The prompt is prefilled through the cache with multi-token causal decode; generation is
 greedy.
 
-``--compare`` teacher-forces ``examples/quality_text.txt`` over float attention on an
-unquantized cache and over quantized caches (bfloat16 for scale; int8 in the seed's plain format,
-rotated, rotated with position 0 as floats, and the default, which also centers), and reports
-the agreement of the next-token choices and the KL divergence of the next-token distributions
-at every position after the first 1000 tokens, and, per layer, the error of the attention
-output on the real activations. ``--limit 1128`` keeps the text's first 1128 tokens: the 128
-positions after 1000 (the short protocol). ``examples/kv_formats.py`` scores other formats the
-same way.
+``--compare`` teacher-forces ``examples/quality_text.txt`` (or ``--text``) over float attention on
+an unquantized cache and over quantized caches (bfloat16 for scale; int8 in every format of
+``int8attn.FORMATS``, or those ``--formats`` names), and reports the agreement of the next-token
+choices and the KL divergence of the next-token distributions at every position after the first
+1000 tokens, and, per layer, the error of the attention output on the real activations. The
+first 1000 tokens go through in one call (a bulk prefill), or with ``--stream`` as if one token
+per call; the scored positions as if one per call (64 at a time, which reads what 64 single
+steps read). ``--limit N`` keeps the text's first N tokens. ``examples/kv_formats.py`` scores
+other formats the same way.
 """
 
 import argparse

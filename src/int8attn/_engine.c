@@ -156,22 +156,32 @@ static void store_row(const i8a_kernels *kt, const i8a_cache *c, const float *x,
 }
 
 /* Quantize positions [a, b) of both sides from src_k / src_v into their codes (centered past
- * position 0 when the offsets hold). */
-static void code_rows(const i8a_kernels *kt, const i8a_cache *c, const row_source *src_k,
-                      const row_source *src_v, size_t a, size_t b)
+ * position 0 when the offsets hold), checking the rows that come from the append (in_range)
+ * as it goes. Returns 0, or 1 / 2 when a K / V row is out of range, with *bad = (pos - x_from)
+ * * hkv + head of the first (row order, K before V); the codes up to it are then written, which
+ * changes nothing while the length is not committed. */
+static int code_rows(const i8a_kernels *kt, const i8a_cache *c, const row_source *src_k,
+                     const row_source *src_v, size_t a, size_t b, size_t *bad)
 {
     const size_t d = c->head_dim, hkv = c->n_kv_heads;
     for (size_t pos = a; pos < b; pos++) {
         const float *kr = rows_at(src_k, pos), *vr = rows_at(src_v, pos);
+        const int given = pos >= src_k->x_from;             /* the ring's rows were checked */
         for (size_t g = 0; g < hkv; g++) {
             const size_t row = g * c->max_seq + pos;
             const int centered = has_offsets(c) && pos >= 1;
+            const int bad_k = given && !in_range(kr + g * d, d);
+            if (bad_k || (given && !in_range(vr + g * d, d))) {
+                *bad = (pos - src_k->x_from) * hkv + g;
+                return bad_k ? 1 : 2;
+            }
             store_row(kt, c, kr + g * d, centered ? c->k_offset + g * d : NULL,
                       c->k_codes + row * d, c->k_scale + row);
             store_row(kt, c, vr + g * d, centered ? c->v_offset + g * d : NULL,
                       c->v_codes + row * d, c->v_scale + row);
         }
     }
+    return 0;
 }
 
 int i8a_append(const i8a_kernels *kt, i8a_cache *c, const float *k, const float *v, size_t t,
@@ -182,27 +192,25 @@ int i8a_append(const i8a_kernels *kt, i8a_cache *c, const float *k, const float 
     I8A_EXPECT(d % 16 == 0 && d >= 16 && d <= I8A_MAX_HEAD_DIM && hkv >= 1);
     I8A_EXPECT(!c->k_offset || c->k_first);
     I8A_EXPECT(c->recent ? c->ring >= 1 && c->k_recent && c->v_recent : c->ring == 0);
-    /* every row is checked before anything is written: a failed append changes nothing */
-    for (size_t r = 0; r < t * hkv; r++) {
-        if (!in_range(k + r * d, d) || !in_range(v + r * d, d)) {
-            *bad = r;
-            return in_range(k + r * d, d) ? 2 : 1;
-        }
-    }
+    /* Nothing that outlives a failed append is written before every row is known to be in
+     * range: the codes and scales of positions len .. are not the cache's until len grows,
+     * and k_first counts only once it does; the offsets and the ring are written after. */
     const row_source src_k = {c, k, c->k_recent, len}, src_v = {c, v, c->v_recent, len};
-    size_t code_from = len;
-    if (c->k_offset && !c->offsets_set) {
-        size_t to = 0;                  /* the offsets come from positions 1 .. to-1 */
-        if (!c->recent && end >= 2)
-            to = end;                                       /* this append's rows past 0 */
-        else if (c->recent && end >= c->recent + 1)
-            to = c->recent + 1;                             /* positions 1 .. R */
-        if (to) {
-            set_offset(kt, &src_k, 1, to, c->k_offset);
-            set_offset(kt, &src_v, 1, to, c->v_offset);
-            c->offsets_set = 1;
-            code_from = len > 1 ? 1 : len;      /* rows coded uncentered so far, again */
+    size_t to = 0;                      /* the offsets come from positions 1 .. to-1 */
+    if (c->k_offset && !c->offsets_set && !c->recent && end >= 2)
+        to = end;                                           /* this append's rows past 0 */
+    else if (c->k_offset && !c->offsets_set && c->recent && end >= c->recent + 1)
+        to = c->recent + 1;                                 /* positions 1 .. R */
+    if (to) {                           /* the offsets first: every row checked before */
+        for (size_t r = 0; r < t * hkv; r++) {
+            if (!in_range(k + r * d, d) || !in_range(v + r * d, d)) {
+                *bad = r;
+                return in_range(k + r * d, d) ? 2 : 1;
+            }
         }
+        set_offset(kt, &src_k, 1, to, c->k_offset);
+        set_offset(kt, &src_v, 1, to, c->v_offset);
+        c->offsets_set = 1;
     }
     if (c->k_first && len == 0) {
         for (size_t g = 0; g < hkv; g++) {
@@ -210,7 +218,11 @@ int i8a_append(const i8a_kernels *kt, i8a_cache *c, const float *k, const float 
             memcpy(c->v_first + g * d, v + g * d, d * sizeof(float));
         }
     }
-    code_rows(kt, c, &src_k, &src_v, code_from, end);
+    const int rc = code_rows(kt, c, &src_k, &src_v, len, end, bad);
+    if (rc != 0)
+        return rc;                      /* (never after the offsets were set: checked there) */
+    if (to && len > 1)                  /* the rows coded uncentered so far, again */
+        code_rows(kt, c, &src_k, &src_v, 1, len, bad);
     if (c->recent) {                    /* the latest `ring` rows into the ring */
         const size_t from = end > c->ring && end - c->ring > len ? end - c->ring : len;
         for (size_t pos = from; pos < end; pos++) {
@@ -241,7 +253,8 @@ void i8a_truncate(const i8a_kernels *kt, i8a_cache *c, size_t n)
          * appends that brought the cache to n tokens left them */
         const row_source src_k = {c, NULL, c->k_recent, n}, src_v = {c, NULL, c->v_recent, n};
         c->offsets_set = 0;
-        code_rows(kt, c, &src_k, &src_v, 1, n);
+        size_t unused;
+        code_rows(kt, c, &src_k, &src_v, 1, n, &unused);
     }
 }
 
@@ -602,62 +615,35 @@ static void pos0_state(const decode_job *job, size_t g, size_t r, const float *v
         run->o[i] = off ? v0[i] - c->v_offset[g * c->head_dim + i] : v0[i];
 }
 
-/* x . y over d floats (a multiple of 16): I8A_SUM_LANES running sums, lane i taking the
- * elements i, i + 16, ..., then i8a_reduce_lanes: one order, which vectorizes. */
-static float dot_lanes(const float *x, const float *y, size_t d)
-{
-    float lane[I8A_SUM_LANES] = {0.0f};
-    for (size_t i = 0; i < d; i += I8A_SUM_LANES)
-        for (size_t j = 0; j < I8A_SUM_LANES; j++)
-            lane[j] = lane[j] + x[i + j] * y[i + j];
-    return i8a_reduce_lanes(lane);
-}
-
 /* The state of query row r of kv head g over the positions of the recent window it sees
- * (visible_ranges), exactly from their floats: logits q * scale . k (soft-capped when the cap is
- * on), m their max, weights exp(logit - m) summed in position order into l and, times the V
- * rows, into o; o is then rotated into the stored space, minus l * v_offset when `off` (as the
- * coded rows' states are). Returns 0 when the row sees none of the window (st untouched). */
+ * (visible_ranges), exactly from their floats (the tier's attend_float); o is then rotated into
+ * the stored space, minus l * v_offset when `off` (as the coded rows' states are). Returns 0
+ * when the row sees none of the window (st untouched). */
 static int window_state(const decode_job *job, size_t g, size_t r, const visible_ranges *vis,
                         int off, const i8a_state *st)
 {
     const i8a_cache *c = job->c;
     const size_t d = c->head_dim, hkv = c->n_kv_heads, sinks = job->opt->sinks;
-    const float cap = job->opt->softcap;
     const float *qf = (const float *)(job->base + job->L.q_float) + (g * job->L.rows + r) * d;
+    const float *kr[I8A_RECENT_MAX], *vr[I8A_RECENT_MAX];
     float logit[I8A_RECENT_MAX];
     size_t n = 0;
-    float m = -INFINITY;
     for (size_t p = vis->fw; p < vis->end; p++) {
         if (p < vis->lo && p >= sinks)
             continue;
-        float lg = dot_lanes(qf, c->k_recent + (slot_of(c, p) * hkv + g) * d, d);
-        lg = cap > 0.0f ? i8a_softcap(lg, cap, 1.0f / cap) : lg;
-        logit[n++] = lg;
-        m = lg > m ? lg : m;
+        const size_t row = (slot_of(c, p) * hkv + g) * d;
+        kr[n] = c->k_recent + row;
+        vr[n++] = c->v_recent + row;
     }
     if (n == 0)
         return 0;
-    float l = 0.0f;
-    for (size_t i = 0; i < d; i++)
-        st->o[i] = 0.0f;
-    n = 0;
-    for (size_t p = vis->fw; p < vis->end; p++) {
-        if (p < vis->lo && p >= sinks)
-            continue;
-        const float w = i8a_exp_scalar(logit[n++] - m);
-        const float *vr = c->v_recent + (slot_of(c, p) * hkv + g) * d;
-        l = l + w;
-        for (size_t i = 0; i < d; i++)
-            st->o[i] = st->o[i] + w * vr[i];
-    }
+    I8A_EXPECT(n <= c->recent);
+    job->kt->attend_float(qf, kr, vr, n, d, job->opt->softcap, logit, st->m, st->l, st->o);
     if (c->sign)
         job->kt->rotate(st->o, d, c->sign, 0, st->o);
     if (off)
         for (size_t i = 0; i < d; i++)
-            st->o[i] = st->o[i] - l * c->v_offset[g * d + i];
-    st->m[0] = m;
-    st->l[0] = l;
+            st->o[i] = st->o[i] - st->l[0] * c->v_offset[g * d + i];
     return 1;
 }
 

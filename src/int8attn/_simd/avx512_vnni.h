@@ -449,6 +449,13 @@ i8a_rot_groups_avx512_vnni(const float *in, size_t d, const float *sign, int inv
     }
 }
 
+static void i8a_attend_float_avx512_vnni(const float *q, const float *const *k,
+                                         const float *const *v, size_t n, size_t d, float cap,
+                                         float *logit, float *m, float *l, float *o)
+{
+    i8a_attend_float_body(q, k, v, n, d, cap, logit, m, l, o);
+}
+
 static void i8a_rotate_avx512_vnni(const float *in, size_t d, const float *sign, int inverse,
                                    float *x)
 {

@@ -230,6 +230,64 @@ static inline void i8a_merge_head(const i8a_state *run, const i8a_state *chunk, 
     run->m[0] = m;
 }
 
+/* The recent window's state of one query row (i8a_attend_float_fn), the same source in every
+ * tier: compiled under each tier's target, its loops vectorize to the tier's width, and as
+ * every lane and every element keeps its own order (multiply, then add: no fma), every tier
+ * gets the same bits. logit = q . k[j] as 16 lane sums (element i to lane i mod 16, each lane in
+ * index order) folded by i8a_reduce_lanes, soft-capped when on; m = their max; w = exp(logit -
+ * m) by the contract's polynomial; l = the sum of w and o = the sum of w * v[j], both in
+ * position order (o 16 dims at a time: each element's sum is its own, in position order). */
+I8A_INLINE void i8a_attend_float_body(const float *q, const float *const *k,
+                                      const float *const *v, size_t n, size_t d, float cap,
+                                      float *logit, float *m_out, float *l_out, float *o)
+{
+    float m = -INFINITY;
+    size_t j = 0;
+    for (; j + 4 <= n; j += 4) {        /* four rows at once: four independent chains */
+        float lane[4][I8A_SUM_LANES] = {{0.0f}};
+        const float *k0 = k[j], *k1 = k[j + 1], *k2 = k[j + 2], *k3 = k[j + 3];
+        for (size_t i = 0; i < d; i += I8A_SUM_LANES)
+            for (size_t t = 0; t < I8A_SUM_LANES; t++) {
+                lane[0][t] = lane[0][t] + q[i + t] * k0[i + t];
+                lane[1][t] = lane[1][t] + q[i + t] * k1[i + t];
+                lane[2][t] = lane[2][t] + q[i + t] * k2[i + t];
+                lane[3][t] = lane[3][t] + q[i + t] * k3[i + t];
+            }
+        for (size_t b = 0; b < 4; b++)
+            logit[j + b] = i8a_reduce_lanes(lane[b]);
+    }
+    for (; j < n; j++) {
+        float lane[I8A_SUM_LANES] = {0.0f};
+        const float *kr = k[j];
+        for (size_t i = 0; i < d; i += I8A_SUM_LANES)
+            for (size_t t = 0; t < I8A_SUM_LANES; t++)
+                lane[t] = lane[t] + q[i + t] * kr[i + t];
+        logit[j] = i8a_reduce_lanes(lane);
+    }
+    for (j = 0; j < n; j++) {
+        const float lg = cap > 0.0f ? i8a_softcap(logit[j], cap, 1.0f / cap) : logit[j];
+        logit[j] = lg;
+        m = lg > m ? lg : m;
+    }
+    float l = 0.0f;
+    for (j = 0; j < n; j++) {
+        logit[j] = i8a_exp_scalar(logit[j] - m);            /* now the weights */
+        l = l + logit[j];
+    }
+    for (size_t i = 0; i < d; i += I8A_SUM_LANES) {        /* 16 dims at a time, in registers */
+        float acc[I8A_SUM_LANES] = {0.0f};
+        for (j = 0; j < n; j++) {
+            const float w = logit[j], *vr = v[j] + i;
+            for (size_t t = 0; t < I8A_SUM_LANES; t++)
+                acc[t] = acc[t] + w * vr[t];
+        }
+        for (size_t t = 0; t < I8A_SUM_LANES; t++)
+            o[i + t] = acc[t];
+    }
+    *m_out = m;
+    *l_out = l;
+}
+
 /* The tail of a stream fold: the bytes past the last whole 8-byte word. */
 static inline uint64_t i8a_fold_tail(const unsigned char *p, size_t bytes)
 {

@@ -77,6 +77,15 @@ typedef void (*i8a_attend_fn)(const i8a_query *q, const i8a_span *kv, float *scr
  * b = exp(cm - m). d a multiple of 16, at most I8A_MAX_HEAD_DIM. */
 typedef void (*i8a_merge_fn)(const i8a_state *run, const i8a_state *chunk, size_t d);
 
+/* The state of one query row over the recent window's float rows (the contract's recent-window
+ * step, i8a_attend_float_body in common.h): q [d] the query times the softmax scale, k[j] and
+ * v[j] (j < n) the rows of the visible positions in position order, cap > 0 the soft cap (0:
+ * off). Writes *m, *l, o [d], and logit [n] as scratch. 1 <= n, d a multiple of 16, at most
+ * I8A_MAX_HEAD_DIM; o must not overlap the rows. */
+typedef void (*i8a_attend_float_fn)(const float *q, const float *const *k, const float *const *v,
+                                    size_t n, size_t d, float cap, float *logit, float *m,
+                                    float *l, float *o);
+
 /* The cache's rotation (common.h) of the row x [d] into y [d]: d a multiple of 16, sign [d] of
  * +-1; y may be x (in place), otherwise the two must not overlap. */
 typedef void (*i8a_rotate_fn)(const float *x, size_t d, const float *sign, int inverse, float *y);
@@ -88,6 +97,7 @@ typedef struct {
     i8a_attend_fn attend;
     i8a_merge_fn merge;
     i8a_rotate_fn rotate;
+    i8a_attend_float_fn attend_float;
 } i8a_kernels;
 
 /* XOR-fold of every byte of p[0 .. bytes): reads memory as fast as the tier can stream it (the
