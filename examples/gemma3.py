@@ -275,8 +275,8 @@ def softmax(x):
 # The rows of the quality report: (name, cache kind, Int8KVCache keywords), one per format of
 # int8attn.FORMATS: "plain" is the seed's format; "rotated" adds the rotation alone;
 # "keep_first" also keeps position 0 as floats; "centered" adds the offsets (the default before
-# the recent window); "default" is what Int8KVCache() makes (keep_first and the recent window);
-# "recent_centered" centers it too.
+# the recent window); "recent" is keep_first with the recent window; "default", what
+# Int8KVCache() makes, centers that too.
 VARIANTS = (("fp32", "fp32", {}), ("bf16", "bf16", {}),
             *((f"int8, {name}", "int8", options) for name, options in ia.FORMATS.items()))
 INT8 = [name for name, kind, _ in VARIANTS if kind == "int8"]

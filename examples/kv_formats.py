@@ -58,7 +58,7 @@ class EmulatedCache:
     def __init__(self, n_kv, head_dim, *, rotate=True, rotation_seed=0, keep_first=True,
                  center=None, recent=ia.FORMATS["default"]["recent"], k_group=None,
                  v_group=None, quantize_k=True, quantize_v=True, balance=False):
-        center = keep_first and ia.FORMATS["default"]["center"] if center is None else center
+        center = keep_first if center is None else center
         if center and not keep_first:
             raise ValueError("center needs keep_first, as in Int8KVCache")
         for name, g in (("k_group", k_group), ("v_group", v_group)):
@@ -157,8 +157,8 @@ def emulated(model, n_tokens, **options):
 _OLD = ia.FORMATS["centered"]      # the what-ifs are variants of the default before 0.4
 FORMATS = {
     "bf16": None,
-    **{name: ia.FORMATS[name] for name in ("rotated", "keep_first", "centered", "default",
-                                            "recent_centered")},
+    **{name: ia.FORMATS[name] for name in ("rotated", "keep_first", "centered", "recent",
+                                            "default")},
     "K only": {**_OLD, "quantize_v": False},
     "V only": {**_OLD, "quantize_k": False},
     "k32": {**_OLD, "k_group": 32},

@@ -31,15 +31,15 @@ def test_readme_usage():
 def test_properties_and_nbytes():
     cache = ia.Int8KVCache(3, 100, 48)
     assert (cache.n_kv_heads, cache.max_seq, cache.head_dim, len(cache)) == (3, 100, 48, 0)
-    # codes: 2 * Hkv * max_seq * D bytes; scales: 2 * Hkv * max_seq float32; keep_first (on by
-    # default) and center: 2 * Hkv * D float32 each; the recent window (64 by default): K and V
-    # float32 rows of min(2 * 64, max_seq) positions
+    # codes: 2 * Hkv * max_seq * D bytes; scales: 2 * Hkv * max_seq float32; keep_first and
+    # center (both on by default): 2 * Hkv * D float32 each; the recent window (64 by default):
+    # K and V float32 rows of min(2 * 64, max_seq) positions
     base = 2 * 3 * 100 * 48 + 2 * 3 * 100 * 4
     ring = 2 * 100 * 3 * 48 * 4
-    assert cache.nbytes == base + 2 * 3 * 48 * 4 + ring
+    assert cache.nbytes == base + 4 * 3 * 48 * 4 + ring
     assert ia.Int8KVCache(3, 100, 48, keep_first=False, recent=0).nbytes == base
     assert ia.Int8KVCache(3, 100, 48, center=True, recent=0).nbytes == base + 4 * 3 * 48 * 4
-    assert ia.Int8KVCache(3, 1000, 48, recent=16).nbytes == (
+    assert ia.Int8KVCache(3, 1000, 48, recent=16, center=False).nbytes == (
         10 * base + 2 * 3 * 48 * 4 + 2 * 32 * 3 * 48 * 4)
     assert "holding 0 tokens" in repr(cache)
 

@@ -300,6 +300,6 @@ def test_center_argument_is_checked():
         ia.Int8KVCache(2, 10, 16, keep_first=None)
     with pytest.raises(ValueError, match="center=True needs keep_first=True"):
         ia.Int8KVCache(2, 10, 16, keep_first=False, center=True)
-    assert "keep_first=True, center=False, recent=64" in repr(ia.Int8KVCache(2, 10, 16))
-    assert not ia.Int8KVCache(2, 10, 16, keep_first=False).center      # None: the default's
-    assert not ia.Int8KVCache(2, 10, 16, center=None).center
+    assert "keep_first=True, center=True, recent=64" in repr(ia.Int8KVCache(2, 10, 16))
+    assert not ia.Int8KVCache(2, 10, 16, keep_first=False).center      # None: keep_first's value
+    assert ia.Int8KVCache(2, 10, 16, center=None).center

@@ -120,9 +120,9 @@ def test_a_batch_is_one_decode_call_per_layer(monkeypatch, small_slack):
 
     monkeypatch.setattr(ih, "decode_batch", counting)
     _run(model, ih.Int8Cache(model.config, max_cache_len=100), ids, steps)
-    # 2 full layers: one call each for the prompt; 2 sliding: 3 chunks (32, 32, 6) each; then 4
-    # per step
-    assert calls == [3] * (2 + 2 * 3 + 4 * STEPS)
+    # the prompt of 70: 2 full layers in chunks of the recent window (64, 6); 2 sliding ones in
+    # chunks of 32 (32, 32, 6); then 4 per step
+    assert calls == [3] * (2 * 2 + 2 * 3 + 4 * STEPS)
 
 
 @pytest.mark.parametrize("window", [None, 24])
@@ -352,8 +352,9 @@ def test_gemma3_beam_search_and_prompt_lookup(gemma):
 
 def test_gemma3_teacher_forced_quality(gemma):
     """examples/quality_text.txt in one forward each: next-token top-1 agreement and KL against
-    the fp32 DynamicCache + sdpa run, over the positions after the first 1000, within what the
-    numpy example reports for the default format (top-1 98.98%, KL mean 3.9e-4)."""
+    the fp32 DynamicCache + sdpa run, over the positions after the first 1000: the issue's
+    targets for the default format (top-1 >= 99.5%, KL mean <= 1e-4; measured 99.81%, 5.2e-5:
+    the prompt goes through in chunks of the recent window, as if token by token)."""
     tok, model = gemma
     with open(QUALITY_TEXT, encoding="utf-8") as f:
         ids = tok(f.read(), return_tensors="pt").input_ids
@@ -365,11 +366,17 @@ def test_gemma3_teacher_forced_quality(gemma):
             ref = model(ids, cache=DynamicCache(config=model.config)).logits[0]
         finally:
             model.set_attn_implementation("int8attn")
-    lp, lq = torch.log_softmax(ref[1000:].double(), -1), torch.log_softmax(ours[1000:].double(), -1)
-    kl = (lp.exp() * (lp - lq)).sum(-1)
+    kl = []                             # by blocks of positions: the vocabulary is 262144 wide
+    for a in range(1000, ids.shape[1], 128):
+        lp = torch.log_softmax(ref[a:a + 128].double(), -1)
+        lq = torch.log_softmax(ours[a:a + 128].double(), -1)
+        kl.append((lp.exp() * (lp - lq)).sum(-1))
+    kl = torch.cat(kl)
     top1 = (ref[1000:].argmax(-1) == ours[1000:].argmax(-1)).double().mean().item()
-    assert top1 >= 0.985, top1
-    assert kl.mean().item() <= 3.9e-4, kl.mean().item()
+    print(f"Gemma 3 through transformers, teacher-forced: top-1 {top1:.4f}, KL mean "
+          f"{kl.mean().item():.2e}")
+    assert top1 >= 0.995, top1
+    assert kl.mean().item() <= 1e-4, kl.mean().item()
 
 
 def test_gemma3_in_bfloat16(gemma):

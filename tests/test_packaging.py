@@ -35,9 +35,9 @@ def test_stub_declares_the_public_api():
     stub_kw = {a.arg: ast.literal_eval(d) for a, d in zip(init.args.kwonlyargs, init.args.kw_defaults)}
     assert stub_kw == {a: p.default for a, p in inspect.signature(ia.Int8KVCache).parameters.items()
                        if p.kind == p.KEYWORD_ONLY}
-    cache = ia.Int8KVCache(1, 1, 16)                 # center=None: the default format's, False
+    cache = ia.Int8KVCache(1, 1, 16)                 # center=None resolves to keep_first
     assert (cache.rotate, cache.rotation_seed, cache.keep_first, cache.center, cache.recent) == (
-        True, 0, True, False, 64)
+        True, 0, True, True, 64)
 
 
 def test_layout_files(tmp_path):
@@ -136,8 +136,8 @@ def test_constructor_signature_is_inspectable():
 
 def test_formats_are_the_named_presets():
     """FORMATS names each format by all four options; the default is what no options give."""
-    assert list(ia.FORMATS) == ["plain", "rotated", "keep_first", "centered", "default",
-                                "recent_centered"]
+    assert list(ia.FORMATS) == ["plain", "rotated", "keep_first", "centered", "recent",
+                                "default"]
     for name, options in ia.FORMATS.items():
         cache = ia.Int8KVCache(1, 1, 16, **options)
         assert {k: getattr(cache, k) for k in options} == options, name

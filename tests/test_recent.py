@@ -11,7 +11,7 @@ from conftest import (CONTRACT, EMULATED, assert_tiers_agree, attention_over_his
                       make_kv, rel_err)
 from int8attn import reference as R
 
-WINDOWED = {"default": ia.FORMATS["default"], "recent_centered": ia.FORMATS["recent_centered"],
+WINDOWED = {"default": ia.FORMATS["default"], "recent": ia.FORMATS["recent"],
             "plain_r16": {**ia.FORMATS["plain"], "recent": 16}}
 
 
@@ -167,7 +167,7 @@ def test_multi_token_decode_reads_each_querys_own_window(tier, t):
 def test_attention_windows_around_the_recent_window(window, sinks):
     rng = np.random.default_rng(window + sinks)
     k, v = make_kv(rng, 500, 2, 32, "outlier")
-    cache = appended(k, v, [0, 250, 500], **ia.FORMATS["recent_centered"])
+    cache = appended(k, v, [0, 250, 500], **ia.FORMATS["default"])
     q = rng.standard_normal((4, 4, 32)).astype(np.float32)
     out = each_tier(lambda: cache.decode(q, window=window, sinks=sinks))
     assert_tiers_agree(out)
@@ -236,7 +236,7 @@ def test_version_2_files_load_without_a_window():
 def test_a_failed_append_leaves_the_window_as_it_was():
     rng = np.random.default_rng(8)
     k, v = make_kv(rng, 400, 2, 32)
-    cache = appended(k, v, [0, 100], cap=400, **ia.FORMATS["recent_centered"])
+    cache = appended(k, v, [0, 100], cap=400, **ia.FORMATS["default"])
     before = cache.state_dict()
     bad = v[100:400].copy()
     bad[-1, 1, 3] = np.nan                                  # the last row of a long append

@@ -142,8 +142,7 @@ def constructor(args, kwargs):
         raise ValueError(f"head_dim must be a multiple of 16 and at most {F.MAX_HEAD_DIM}, got {d}")
     rotate = as_bool(a["rotate"], "rotate")
     keep_first = as_bool(a["keep_first"], "keep_first")
-    center = (keep_first and F.DEFAULT["center"] if a["center"] is None
-              else as_bool(a["center"], "center"))
+    center = keep_first if a["center"] is None else as_bool(a["center"], "center")
     recent = as_int(a["recent"], "recent")
     if not 0 <= recent <= F.RECENT_MAX:
         raise ValueError(f"recent must be from 0 to {F.RECENT_MAX}, got {recent}")

@@ -282,8 +282,7 @@ An int8 KV cache for single-token decode attention.
         the append that first reaches past position 0 sets them from its own rows when it holds
         at least 16 of them, else to zeros (so they depend on how the appends were split). A
         kv head whose mean would more than double most of its rows (one huge outlier) gets
-        zeros. Needs ``keep_first``. None (the default): False (the "default" format does not
-        center: with the recent window it gains nothing measurable).
+        zeros. Needs ``keep_first``. None (the default): the value of ``keep_first``.
     recent : int
         R, 64 by default, 0 to 1024: the last R positions are also kept as float32, exactly as
         appended, and decode reads them from there (their attention is exact); a token leaves

@@ -6,16 +6,16 @@ that the compiled values equal these, so the two cannot drift apart.
 """
 
 # The formats by name: Int8KVCache(..., **FORMATS[name]). Each of the first four adds one step
-# to the previous; "default" is "keep_first" with the recent window, "recent_centered" adds the
-# offsets to it. "centered" was the default before the recent window (0.3).
+# to the previous; "recent" is "keep_first" with the recent window, and "default" centers it
+# too. "centered" was the default before the recent window (0.3).
 _NO = {"rotate": False, "keep_first": False, "center": False, "recent": 0}
 FORMATS = {
     "plain": _NO,                                                       # per-row absmax int8
     "rotated": {**_NO, "rotate": True},                                 # + Hadamard rotation
     "keep_first": {**_NO, "rotate": True, "keep_first": True},          # + position 0 as floats
     "centered": {**_NO, "rotate": True, "keep_first": True, "center": True},  # + offsets
-    "default": {**_NO, "rotate": True, "keep_first": True, "recent": 64},     # keep_first + window
-    "recent_centered": {"rotate": True, "keep_first": True, "center": True, "recent": 64},
+    "recent": {**_NO, "rotate": True, "keep_first": True, "recent": 64},      # keep_first + window
+    "default": {"rotate": True, "keep_first": True, "center": True, "recent": 64},  # + offsets
 }
 DEFAULT = FORMATS["default"]
 

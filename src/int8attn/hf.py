@@ -60,8 +60,8 @@ NAME = "int8attn"
 # A sliding-window layer's cache holds its window (less one: the query itself is new) plus
 # SLACK tokens; when an append would not fit, it forgets all but the last window - 1 + ROLLBACK
 # tokens (ROLLBACK: what crop() can take back after that). A prompt longer than SLACK - ROLLBACK
-# is attended in chunks of that many queries, which always fit after that. (Read when a layer
-# is made.)
+# is attended in chunks of that many queries (of the recent window's, when fewer), which always
+# fit after that. (Read when a layer is made.)
 SLACK = 512
 ROLLBACK = 64
 
@@ -188,6 +188,8 @@ class Int8Layer(CacheLayerMixin):
             raise ValueError(f"int8attn: {t} queries for {k.shape[1]} new K/V tokens; int8attn "
                              f"attends each new token's query over the cache")
         step = self.slack - self.rollback if self.is_sliding else t
+        if self.caches[0].recent:       # at most the recent window's queries per decode: each
+            step = min(step, self.caches[0].recent)   # reads what token-by-token steps read
         parts = []
         for a in range(0, t, step):
             z = min(t, a + step)
