@@ -28,9 +28,8 @@ from hypothesis import strategies as st                                         
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule  # noqa: E402
 
 import int8attn as ia                                                           # noqa: E402
-from int8attn import reference as R                                             # noqa: E402
 from conftest import (EMULATED, assert_same_state, assert_tiers_agree, each_tier,  # noqa: E402
-                      snapshot)
+                      attention_over_history, snapshot)
 
 EXAMPLES = int(os.environ.get("INT8ATTN_FUZZ_EXAMPLES", "15" if EMULATED else "100"))
 TOP = 2.0 ** 64                                  # the format's range: _format.VALUE_MAX
@@ -230,7 +229,7 @@ class CacheMachine(RuleBasedStateMachine):
         kd, vd = self.cache.dequantize()
         assert np.all(np.isfinite(kd)) and np.all(np.isfinite(vd))
         opts = {k: kw[k] for k in ("window", "sinks", "softcap") if k in kw}
-        ref = R.attention(q32.astype(np.float64), kd, vd, scale=s, **opts)
+        ref = attention_over_history(self.cache, q32, scale=s, **opts)   # each query's own view
         tol = decode_tolerance(self.cache, q32, s, kw["q_bits"])
         err = float(np.abs(out.astype(np.float64) - ref).max())
         assert err <= tol, f"error {err:.3g} above the bound {tol:.3g}"

@@ -132,8 +132,10 @@ def test_mismatched_state_is_a_clear_error(tmp_path):
         (tamper(s, k_recent=s["k_recent"][:, :1]), r"k_recent must be float32 \[n, 2, 32\]"),
         (tamper(s, v_recent=s["v_recent"][:5]), "k_recent and v_recent must have one shape"),
         (tamper(s, k_recent=np.concatenate([s["k_recent"]] * 2)), "holds 40 positions"),
-        (tamper(s, offsets_set=True), "offsets_set with length 20: the offsets are set only "
-                                      "once a cache holds 65 tokens"),
+        (tamper(s, offsets_set=True, length=1, k_i8=s["k_i8"][:, :1], v_i8=s["v_i8"][:, :1],
+                k_scale=s["k_scale"][:, :1], v_scale=s["v_scale"][:, :1],
+                k_recent=s["k_recent"][-1:], v_recent=s["v_recent"][-1:]),
+         "offsets_set with length 1"),
         (tamper(s, offsets_set=True, center=False), "offsets_set without center"),
         (tamper(s, k_i8=s["k_i8"][:, :10]), r"k_i8 must be int8 \[2, 20, 32\]"),
         (tamper(s, k_scale=s["k_scale"].astype(np.float64)), "k_scale must be float32"),
