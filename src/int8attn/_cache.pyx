@@ -97,7 +97,6 @@ cdef extern from "_engine.h" nogil:
     int i8a_append(const i8a_kernels *kt, i8a_cache *c, const float *k, const float *v,
                    size_t t, size_t *bad)
     void i8a_truncate(const i8a_kernels *kt, i8a_cache *c, size_t n)
-    size_t i8a_window_start(const i8a_cache *c)
     size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
                               size_t max_threads)
     int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *q,
