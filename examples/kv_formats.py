@@ -45,14 +45,15 @@ class EmulatedCache:
     """One layer's cache in an emulated format.
 
     rotate, rotation_seed, keep_first, center, recent: as Int8KVCache's (``k``, ``v`` are the
-    history a single-token decode reads: the last ``recent`` rows as appended; a multi-token
-    decode here reads that history for every query). k_group, v_group: elements per
-    scale (None: the whole row, the kernels' format). quantize_k, quantize_v: False keeps that
-    side as float32 (to see which side the loss is in). balance: K's channels are divided by
-    d = (E (k - offset)^2 / E q^2) ** (1/4) before the rotation and q's multiplied by it, which
-    leaves q.k as it is and shapes K's rounding error away from the channels q weighs most;
-    E runs over the K rows past position 0 appended before the first decode and that decode's
-    queries (of every head of the group), and those K rows wait as floats until then.
+    history a single-token decode reads: the last ``recent`` rows as the window keeps them,
+    ``reference.half_rows``; a multi-token decode here reads that history for every query).
+    k_group, v_group: elements per scale (None: the whole row, the kernels' format). quantize_k,
+    quantize_v: False keeps that side as float32 (to see which side the loss is in). balance:
+    K's channels are divided by d = (E (k - offset)^2 / E q^2) ** (1/4) before the rotation and
+    q's multiplied by it, which leaves q.k as it is and shapes K's rounding error away from the
+    channels q weighs most; E runs over the K rows past position 0 appended before the first
+    decode and that decode's queries (of every head of the group), and those K rows wait as
+    floats until then.
     """
 
     def __init__(self, n_kv, head_dim, *, rotate=True, rotation_seed=0, keep_first=True,
@@ -107,11 +108,16 @@ class EmulatedCache:
 
     def _history(self, through, raw):
         n = min(self.recent, len(raw) - (1 if self.keep_first else 0))
-        return through if n <= 0 else np.concatenate([through[:len(raw) - n], raw[len(raw) - n:]])
+        if n <= 0:
+            return through
+        return np.concatenate([through[:len(raw) - n], R.half_rows(raw[len(raw) - n:])])
 
     def append(self, k, v):
         k, v = np.asarray(k, np.float32), np.asarray(v, np.float32)
         n0, t = len(self._k), len(k)
+        if self.recent:             # positions 1 .. recent code from their halves, as the ring's
+            first = (n0 + np.arange(t) >= 1) & (n0 + np.arange(t) <= self.recent)
+            k, v = (np.where(first[:, None, None], R.half_rows(x), x) for x in (k, v))
         self.raw_k = np.concatenate([self.raw_k, k])
         self.raw_v = np.concatenate([self.raw_v, v])
         if self.center and self.offsets is None and self.recent and n0 + t >= self.recent + 1:

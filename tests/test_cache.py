@@ -33,14 +33,14 @@ def test_properties_and_nbytes():
     assert (cache.n_kv_heads, cache.max_seq, cache.head_dim, len(cache)) == (3, 100, 48, 0)
     # codes: 2 * Hkv * max_seq * D bytes; scales: 2 * Hkv * max_seq float32; keep_first and
     # center (both on by default): 2 * Hkv * D float32 each; the recent window (64 by default):
-    # K and V float32 rows of min(2 * 64, max_seq) positions
+    # K and V rows of min(2 * 64, max_seq) positions as halves, with a float32 scale per row
     base = 2 * 3 * 100 * 48 + 2 * 3 * 100 * 4
-    ring = 2 * 100 * 3 * 48 * 4
+    ring = 2 * 100 * 3 * (48 * 2 + 4)
     assert cache.nbytes == base + 4 * 3 * 48 * 4 + ring
     assert ia.Int8KVCache(3, 100, 48, keep_first=False, recent=0).nbytes == base
     assert ia.Int8KVCache(3, 100, 48, center=True, recent=0).nbytes == base + 4 * 3 * 48 * 4
     assert ia.Int8KVCache(3, 1000, 48, recent=16, center=False).nbytes == (
-        10 * base + 2 * 3 * 48 * 4 + 2 * 32 * 3 * 48 * 4)
+        10 * base + 2 * 3 * 48 * 4 + 2 * 32 * 3 * (48 * 2 + 4))
     assert "holding 0 tokens" in repr(cache)
 
 

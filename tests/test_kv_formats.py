@@ -117,7 +117,7 @@ def test_balance_shapes_the_k_error_away_from_what_q_reads():
     v = rng.standard_normal((n, 1, d)).astype(np.float32)
     q = 0.1 * rng.standard_normal((n, 2, d)).astype(np.float32)
     q[:, :, 8:16] *= 100.0                                  # q reads quiet channels
-    plain, bal = F.EmulatedCache(1, d), F.EmulatedCache(1, d, balance=True)
+    plain, bal = F.EmulatedCache(1, d, recent=0), F.EmulatedCache(1, d, recent=0, balance=True)
     for emu in (plain, bal):
         emu.append(k[:100], v[:100])
     np.testing.assert_array_equal(bal.k, k[:100])           # waiting for queries

@@ -30,6 +30,14 @@ def appended(k, v, cuts, cap=None, **options):
     return cache
 
 
+def held(x):
+    """What the window keeps of rows x [n, Hkv, D] appended from position 0 on with keep_first:
+    position 0 as given (its float row), the others as halves."""
+    out = R.half_rows(x)
+    out[0] = x[0]
+    return out
+
+
 def random_cuts(rng, n, most):
     cuts = [0]
     while cuts[-1] < n:
@@ -65,8 +73,8 @@ def test_the_window_is_read_exactly_and_the_rest_from_codes(fmt):
     k, v = make_kv(rng, 300, 2, 64, "outlier")
     cache = appended(k, v, [0, 100, 300], **options)
     kd, vd = cache.dequantize()
-    np.testing.assert_array_equal(kd[-r:], k[-r:])        # the window: as appended
-    np.testing.assert_array_equal(vd[-r:], v[-r:])
+    np.testing.assert_array_equal(kd[-r:], R.half_rows(k[-r:]))     # the window: its halves
+    np.testing.assert_array_equal(vd[-r:], R.half_rows(v[-r:]))
     assert not np.array_equal(kd[1:-r], k[1:-r])            # before it: through the codes
     q = rng.standard_normal((8, 64)).astype(np.float32)
     out = each_tier(lambda: cache.decode(q))
@@ -75,7 +83,47 @@ def test_the_window_is_read_exactly_and_the_rest_from_codes(fmt):
     assert rel_err(out["scalar"], R.emulate(q, cache)) <= 1e-4
     # a query that looks only at the window gets float attention over the floats
     near = cache.decode(q, window=r)
-    np.testing.assert_allclose(near, R.attention(q, k, v, window=r), rtol=0, atol=1e-5)
+    want = R.attention(q, R.half_rows(k), R.half_rows(v), window=r)
+    np.testing.assert_allclose(near, want, rtol=0, atol=1e-5)
+    assert rel_err(near, R.attention(q, k, v, window=r)) <= 2e-3            # 11 bits of k, v
+
+
+def edge_rows(rng, d):
+    """Rows [n, 1, d] that probe the window's rounding: ties between two halves, rows that
+    round up to the next power of two, huge and tiny magnitudes, subnormal halves, zeros."""
+    base = rng.standard_normal((12, d)).astype(np.float32)
+    rows = [base[0], np.zeros(d, np.float32), base[1] * np.float32(2.0**60),
+            base[2] * np.float32(2.0**-90), base[3] * np.float32(2.0**-120)]
+    tie = np.float32(1.0) + np.float32(2.0**-11) * rng.integers(0, 2, d)   # ties at 1 + ulp/2
+    rows.append((tie * np.float32(2.0**14) * rng.choice([-1, 1], d)).astype(np.float32))
+    up = base[4].copy()
+    up[0] = np.float32(32767.5)      # rounds to 2^15 at e = 0: the row takes the next exponent
+    rows.append(up)
+    wide = base[5].copy()
+    wide[:4] = [1e4, 1e-3, 3e-8, -6e-9]          # subnormal halves beside a large value
+    rows.append(wide)
+    for x in base[6:]:
+        rows.append(x * np.float32(2.0 ** rng.integers(-40, 40)))
+    return np.stack(rows)[:, None, :].astype(np.float32)
+
+
+def test_the_window_rounds_as_numpy_does(tier):
+    """The ring's halves are numpy's float16 rounding of each row scaled by its power of two
+    (ties to even, subnormals, rows that round up), and a saved window loads back bit for bit."""
+    rng = np.random.default_rng(8)
+    k = edge_rows(rng, 48)
+    v = edge_rows(rng, 48)[::-1].copy()
+    cache = ia.Int8KVCache(1, len(k), 48, rotate=False, keep_first=False, center=False,
+                           recent=len(k))
+    cache.append(k, v)
+    s = cache.state_dict()
+    np.testing.assert_array_equal(s["k_recent"], R.half_rows(k))
+    np.testing.assert_array_equal(s["v_recent"], R.half_rows(v))
+    np.testing.assert_array_equal(R.half_rows(R.half_rows(k)), R.half_rows(k))
+    again = ia.Int8KVCache.from_state_dict(s)
+    states_equal(again, cache)
+    q = rng.standard_normal((3, 48)).astype(np.float32)
+    np.testing.assert_array_equal(again.decode(q), cache.decode(q))
 
 
 def test_a_window_longer_than_the_cache():
@@ -83,14 +131,14 @@ def test_a_window_longer_than_the_cache():
     rng = np.random.default_rng(2)
     k, v = make_kv(rng, 40, 2, 32)
     cache = appended(k, v, [0, 7, 40], recent=100)
-    assert cache.nbytes == ia.Int8KVCache(2, 40, 32, recent=0).nbytes + 2 * 40 * 2 * 32 * 4
+    assert cache.nbytes == ia.Int8KVCache(2, 40, 32, recent=0).nbytes + 2 * 40 * 2 * (32 * 2 + 4)
     kd, vd = cache.dequantize()
-    np.testing.assert_array_equal(kd, k)
-    np.testing.assert_array_equal(vd, v)
+    np.testing.assert_array_equal(kd, held(k))
+    np.testing.assert_array_equal(vd, held(v))
     q = rng.standard_normal((3, 4, 32)).astype(np.float32)
     out = each_tier(lambda: cache.decode(q, window=9, sinks=2))
     assert_tiers_agree(out)
-    np.testing.assert_allclose(out["scalar"], R.attention(q, k, v, window=9, sinks=2),
+    np.testing.assert_allclose(out["scalar"], R.attention(q, kd, vd, window=9, sinks=2),
                                rtol=0, atol=1e-5)
 
 
@@ -134,10 +182,10 @@ def test_truncate_beyond_the_ring_reads_codes_until_the_window_refills():
     assert rel_err(cache.decode(q), R.attention(q, *cache.dequantize())) <= CONTRACT
     cache.append(k[300:310], v[300:310])                    # the window refills
     kd, _ = cache.dequantize()
-    np.testing.assert_array_equal(kd[-10:], k[300:310])
-    assert not np.array_equal(kd[-16:-10], k[294:300])
+    np.testing.assert_array_equal(kd[-10:], R.half_rows(k[300:310]))
+    assert not np.array_equal(kd[-16:-10], R.half_rows(k[294:300]))
     cache.append(k[310:330], v[310:330])
-    np.testing.assert_array_equal(cache.dequantize()[0][-16:], k[314:330])
+    np.testing.assert_array_equal(cache.dequantize()[0][-16:], R.half_rows(k[314:330]))
 
 
 @pytest.mark.parametrize("t", [3, 64, 65, 200])
@@ -183,9 +231,10 @@ def test_offsets_come_from_positions_1_to_r_once_the_cache_holds_r_plus_1():
     cache.append(k[:20], v[:20])
     assert cache.k_offset is None                           # 20 tokens: not yet
     q = rng.standard_normal((4, 32)).astype(np.float32)
-    np.testing.assert_allclose(cache.decode(q), R.attention(q, k[:20], v[:20]), atol=1e-5)
+    np.testing.assert_allclose(cache.decode(q), R.attention(q, held(k[:20]), held(v[:20])),
+                               atol=1e-5)
     cache.append(k[20:21], v[20:21])
-    mean = R.rotate(k[1:21].astype(np.float64).mean(0), R.rotation_signs(32, 0))
+    mean = R.rotate(R.half_rows(k[1:21]).astype(np.float64).mean(0), R.rotation_signs(32, 0))
     np.testing.assert_allclose(cache.k_offset, mean, rtol=0, atol=1e-5)
     cache.truncate(20)                                      # back before them: forgotten
     assert cache.k_offset is None
@@ -255,3 +304,25 @@ def test_a_failed_append_leaves_the_window_as_it_was():
 def test_recent_argument_is_checked(value, err, match):
     with pytest.raises(err, match=match):
         ia.Int8KVCache(2, 10, 16, recent=value)
+
+
+def test_window_items_split_over_threads_without_changing_bits():
+    """A cache read only from its window (recent >= its length): one work item per kv head,
+    run by several threads when the window is long, the same bits as one thread."""
+    from int8attn import _cache
+    rng = np.random.default_rng(9)
+    k, v = make_kv(rng, 1000, 8, 128, "outlier")
+    cache = appended(k, v, [0, 1000], recent=1024)
+    q = rng.standard_normal((3, 16, 128)).astype(np.float32)
+    before = ia.get_num_threads()
+    try:
+        ia.set_num_threads(1)
+        want = cache.decode(q, softcap=30.0)
+        ia.set_num_threads(4)
+        assert _cache._decode_threads(cache, 16, 3) > 1          # the windows really are split
+        got = cache.decode(q, softcap=30.0)
+    finally:
+        ia.set_num_threads(before)
+    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+    kd, vd = cache.dequantize()
+    assert rel_err(want[-1], R.attention(q[-1], kd, vd, softcap=30.0)) <= 1e-5

@@ -7,7 +7,7 @@ turns the engine's status into an exception. Public names are re-exported by ``i
 names starting with an underscore are private (tests and benchmarks use them)."""
 
 from cython.view cimport array as cvarray
-from libc.stdint cimport int8_t, int32_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, uint16_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 import os
@@ -54,6 +54,7 @@ cdef extern from "_simd/dispatch.h" nogil:
                        const i8a_state *out) noexcept nogil
         void (*rotate)(const float *x, size_t d, const float *sign, int inverse,
                        float *y) noexcept nogil
+        float (*half_row)(const float *x, size_t d, uint16_t *h) noexcept nogil
     ctypedef struct i8a_probe:
         const char *name
     const i8a_kernels i8a_tiers[]
@@ -80,8 +81,10 @@ cdef extern from "_engine.h" nogil:
         float *v_offset
         int offsets_set
         size_t recent, ring
-        float *k_recent
-        float *v_recent
+        uint16_t *k_recent
+        uint16_t *v_recent
+        float *k_rscale
+        float *v_rscale
         size_t ring_shift, held_from
         void *work
         size_t work_bytes
@@ -235,6 +238,19 @@ cdef float *_data(object arr):
     return &m[0, 0]
 
 
+def _hold(rows, halves, scales, size_t ring):
+    """Rows [n, Hkv, D] float32 into slots 0 .. n-1 of a ring side (halves [Hkv * ring, D],
+    scales [Hkv, ring]) as appends put them there (the tier's half_row)."""
+    cdef float[:, :, ::1] x = np.ascontiguousarray(rows, dtype=np.float32)
+    cdef uint16_t[:, ::1] h = halves
+    cdef float[:, ::1] s = scales
+    cdef size_t n = x.shape[0], hkv = x.shape[1], d = x.shape[2], pos, g
+    cdef const i8a_kernels *kt = i8a_load_tier(&_kt)
+    for pos in range(n):
+        for g in range(hkv):
+            s[g, pos] = kt.half_row(&x[pos, g, 0], d, &h[g * ring + pos, 0])
+
+
 def _readonly(arr):
     """A view of arr that numpy will not let anyone make writeable again."""
     return np.frombuffer(memoryview(arr).toreadonly(), dtype=arr.dtype).reshape(arr.shape)
@@ -283,13 +299,14 @@ An int8 KV cache for single-token decode attention.
         kv head whose mean would more than double most of its rows (one huge outlier) gets
         zeros. Needs ``keep_first``. None (the default): the value of ``keep_first``.
     recent : int
-        R, 64 by default, 0 to 1024: the last R positions are also kept as float32, exactly as
-        appended, and decode reads them from there (their attention is exact); a token leaves
+        R, 64 by default, 0 to 1024: the last R positions are also kept as IEEE halves with a
+        power-of-two scale per row (11 significant bits whatever the row's range:
+        ``reference.half_rows``), and decode reads them from there in float32; a token leaves
         this window for its int8 codes when R newer ones have been appended. Every row is
-        quantized as it is appended, so the stored state does not depend on how appends were
-        split. The cache holds the floats of the last ``2 * R`` positions (capped at
-        ``max_seq``), so ``truncate`` can take back up to R tokens exactly. Costs
-        ``2 * min(2R, max_seq) * Hkv * D`` floats. 0: no window.
+        quantized as it is appended (positions 1 .. R from their halves), so the stored state
+        does not depend on how appends were split. The cache holds the last ``2 * R`` positions
+        (capped at ``max_seq``), so ``truncate`` can take back up to R tokens exactly. Costs
+        ``2 * min(2R, max_seq) * Hkv * (2 * D + 4)`` bytes. 0: no window.
 
     Notes
     -----
@@ -307,7 +324,8 @@ An int8 KV cache for single-token decode attention.
     cdef object _sign                         # [D] float32 +-1 of the rotation, or None
     cdef object _kf, _vf                      # [Hkv, D] float32 with keep_first, else None
     cdef object _ko, _vo                      # [Hkv, D] float32 with center, else None
-    cdef object _kr, _vr                      # [ring * Hkv, D] float32 with recent, else None
+    cdef object _kr, _vr                      # [Hkv * ring, D] uint16 halves with recent
+    cdef object _krs, _vrs                    # [Hkv, ring] float32 their scales (or None)
     cdef readonly bint rotate
     cdef readonly object rotation_seed
     cdef readonly bint keep_first
@@ -333,11 +351,19 @@ An int8 KV cache for single-token decode attention.
         self._c.offsets_set, self._c.ring_shift, self._c.held_from = 0, 0, 0
         self._c.recent, self._c.ring = recent, min(2 * recent, cap)
         self._c.k_recent = self._c.v_recent = NULL
-        self._kr = self._vr = None
+        self._c.k_rscale = self._c.v_rscale = NULL
+        self._kr = self._vr = self._krs = self._vrs = None
+        cdef uint16_t[:, ::1] halves
         if recent:
-            self._kr = _aligned_empty((self._c.ring * hkv, d), "f", 4)
-            self._vr = _aligned_empty((self._c.ring * hkv, d), "f", 4)
-            self._c.k_recent, self._c.v_recent = _data(self._kr), _data(self._vr)
+            self._kr = _aligned_empty((hkv * self._c.ring, d), "H", 2)
+            self._vr = _aligned_empty((hkv * self._c.ring, d), "H", 2)
+            self._krs = _aligned_empty((hkv, self._c.ring), "f", 4)
+            self._vrs = _aligned_empty((hkv, self._c.ring), "f", 4)
+            halves = self._kr
+            self._c.k_recent = &halves[0, 0]
+            halves = self._vr
+            self._c.v_recent = &halves[0, 0]
+            self._c.k_rscale, self._c.v_rscale = _data(self._krs), _data(self._vrs)
         self._busy = 0
         self.rotate, self.rotation_seed = rotate, seed
         self.keep_first, self.center, self.recent = keep_first, center, recent
@@ -379,10 +405,12 @@ An int8 KV cache for single-token decode attention.
     def nbytes(self):
         """Bytes of the cache's buffers (K and V codes and scales for max_seq tokens; the float
         rows of position 0 with keep_first, the offsets with center, and the ring of the recent
-        window: K and V float32 rows of min(2 * recent, max_seq) positions)."""
-        rows = 2 * self._c.n_kv_heads * (int(self.keep_first) + int(self.center) + self._c.ring)
-        extra = rows * self._c.head_dim * 4
-        return 2 * self._c.n_kv_heads * self._c.max_seq * (self._c.head_dim + 4) + extra
+        window: K and V rows of min(2 * recent, max_seq) positions as halves, a float32 scale
+        per row)."""
+        hkv, d = self._c.n_kv_heads, self._c.head_dim
+        extra = 2 * hkv * (int(self.keep_first) + int(self.center)) * d * 4
+        extra += 2 * hkv * self._c.ring * (d * 2 + 4)
+        return 2 * hkv * self._c.max_seq * (d + 4) + extra
 
     def __len__(self):
         return self._c.length
@@ -630,9 +658,12 @@ An int8 KV cache for single-token decode attention.
         if not self.recent:
             return np.zeros((0, hkv, d), np.float32), np.zeros((0, hkv, d), np.float32)
         slots = (np.arange(self._c.held_from, self._c.length) + self._c.ring_shift) % self._c.ring
-        kr = self._kr.reshape(self._c.ring, hkv, d)
-        vr = self._vr.reshape(self._c.ring, hkv, d)
-        return kr[slots], vr[slots]
+
+        def rows(halves, scales):                   # h * scale is exact: the floats decode reads
+            h = halves.reshape(hkv, self._c.ring, d)[:, slots].view(np.float16)
+            x = h.astype(np.float32) * scales[:, slots][..., None]
+            return np.ascontiguousarray(x.transpose(1, 0, 2))
+        return rows(self._kr, self._krs), rows(self._vr, self._vrs)
 
     def _offsets_set(self):
         """Whether the offsets are set (center). The caller holds the busy flag."""
@@ -653,10 +684,9 @@ An int8 KV cache for single-token decode attention.
             self._k[:, :n], self._v[:, :n] = arrays["k_i8"], arrays["v_i8"]
             self._ks[:, :n], self._vs[:, :n] = arrays["k_scale"], arrays["v_scale"]
             held = arrays["k_recent"].shape[0]
-            if self.recent and held:
-                hkv, d = self._c.n_kv_heads, self._c.head_dim
-                self._kr.reshape(self._c.ring, hkv, d)[:held] = arrays["k_recent"]
-                self._vr.reshape(self._c.ring, hkv, d)[:held] = arrays["v_recent"]
+            if self.recent and held:            # into slots 0 .. held-1, as halves
+                _hold(arrays["k_recent"], self._kr, self._krs, self._c.ring)
+                _hold(arrays["v_recent"], self._vr, self._vrs, self._c.ring)
             self._c.ring_shift = (self._c.ring - (n - held) % self._c.ring) % self._c.ring \
                 if self.recent else 0
             self._c.held_from = n - held

@@ -1,13 +1,14 @@
 /* The CPU shim: which tiers this CPU and OS can run. Called once at import.
- *   x86-64: cpuid for AVX2 and FMA, plus xgetbv: the OS must save YMM state (XCR0 bits 1, 2);
- *   for AVX-512 also F, BW, VL and VNNI, and opmask and ZMM state (XCR0 bits 5, 6, 7).
+ *   x86-64: cpuid for AVX2, FMA and F16C (the recent window's halves), plus xgetbv: the OS
+ *   must save YMM state (XCR0 bits 1, 2); for AVX-512 also F, BW, VL and VNNI, and opmask and
+ *   ZMM state (XCR0 bits 5, 6, 7).
  *   Linux aarch64: getauxval(AT_HWCAP); the HWCAP bits are defined here when headers lack them.
  *   macOS arm64: sysctlbyname("hw.optional.arm.FEAT_DotProd").
  * Anything else reports no features: the scalar tier. */
 #include "_simd/dispatch.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
-/* Tier bits from cpuid leaf 7 (ebx, ecx) once AVX, FMA and YMM state are known to be there. */
+/* Tier bits from cpuid leaf 7 (ebx, ecx) once AVX, FMA, F16C and YMM state are there. */
 static unsigned i8a_x86_features(unsigned ebx, unsigned ecx, unsigned long long xcr0)
 {
     unsigned f = ((ebx >> 5) & 1) ? I8A_CPU_AVX2 : 0;
@@ -35,7 +36,8 @@ unsigned i8a_cpu_features(void)
     if (!__get_cpuid(1, &a, &b, &c, &d))
         return 0;
     const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1;
-    if (!(osxsave && avx && fma))
+    const int f16c = (c >> 29) & 1;
+    if (!(osxsave && avx && fma && f16c))
         return 0;
     const unsigned long long xcr0 = i8a_xgetbv0();
     if ((xcr0 & 0x6) != 0x6 || !__get_cpuid_count(7, 0, &a, &b, &c, &d))
@@ -52,7 +54,8 @@ unsigned i8a_cpu_features(void)
     int r[4];
     __cpuid(r, 1);
     const int osxsave = (r[2] >> 27) & 1, avx = (r[2] >> 28) & 1, fma = (r[2] >> 12) & 1;
-    if (!(osxsave && avx && fma))
+    const int f16c = (r[2] >> 29) & 1;
+    if (!(osxsave && avx && fma && f16c))
         return 0;
     const unsigned long long xcr0 = _xgetbv(0);
     if ((xcr0 & 0x6) != 0x6)

@@ -55,19 +55,47 @@ static size_t slot_of(const i8a_cache *c, size_t pos)
     return (pos + c->ring_shift) % c->ring;
 }
 
-/* Where the rows [hkv][d] of one side (K or V) of a position are during an append: the
- * append's own rows x for positions from x_from on, the ring before. */
+/* Row `slot` of kv head g of one side of the ring (halves h, scales s) as floats into y [d]. */
+static void widen_row(const i8a_cache *c, const uint16_t *h, const float *s, size_t g,
+                      size_t slot, float *y)
+{
+    const size_t at = g * c->ring + slot;
+    for (size_t i = 0; i < c->head_dim; i++)
+        y[i] = i8a_half_value(h[at * c->head_dim + i]) * s[at];
+}
+
+/* Where the rows of one side (K or V) of a position are during an append: the append's own
+ * rows x [.][hkv][d] for positions from x_from on, the ring (halves and scales) before. */
 typedef struct {
+    const i8a_kernels *kt;          /* (its half_row) */
     const i8a_cache *c;
-    const float *x, *ring;
+    const float *x;
+    const uint16_t *ring;
+    const float *ring_scale;
     size_t x_from;
 } row_source;
 
-static const float *rows_at(const row_source *src, size_t pos)
+/* The row of kv head g at position pos as the cache codes it. From x as given, except that
+ * with a recent window positions 1 .. R (the rows the offsets come from, which the ring may
+ * code again) go through the window's halves first, so a position codes the same whether it
+ * comes from an append or from the ring; from the ring, widened. tmp [d] holds the row when
+ * it is not x's own. x's rows are in range (checked before). */
+static const float *row_at(const row_source *src, size_t pos, size_t g, float *tmp)
 {
-    const size_t n = src->c->n_kv_heads * src->c->head_dim;
-    return pos >= src->x_from ? src->x + (pos - src->x_from) * n
-                              : src->ring + slot_of(src->c, pos) * n;
+    const i8a_cache *c = src->c;
+    const size_t d = c->head_dim;
+    if (pos < src->x_from) {
+        widen_row(c, src->ring, src->ring_scale, g, slot_of(c, pos), tmp);
+        return tmp;
+    }
+    const float *x = src->x + ((pos - src->x_from) * c->n_kv_heads + g) * d;
+    if (!c->recent || pos == 0 || pos > c->recent)
+        return x;
+    uint16_t h[I8A_MAX_HEAD_DIM];
+    const float scale = src->kt->half_row(x, d, h);
+    for (size_t i = 0; i < d; i++)
+        tmp[i] = i8a_half_value(h[i]) * scale;
+    return tmp;
 }
 
 /* Doubles of set_offset's sums on the stack: the heads are summed this many elements at a time
@@ -90,7 +118,8 @@ static int offset_keeps(const row_source *src, size_t from, size_t to, size_t he
     const size_t n = rows < I8A_OFFSET_SAMPLE ? rows : I8A_OFFSET_SAMPLE;
     size_t grown = 0;
     for (size_t j = 0; j < n; j++) {
-        const float *row = rows_at(src, from + j * rows / n) + head * d;
+        float tmp[I8A_MAX_HEAD_DIM];
+        const float *row = row_at(src, from + j * rows / n, head, tmp);
         double raw = 0.0, centered = 0.0;
         for (size_t i = 0; i < d; i++) {
             const double c = (double)row[i] - mean[i];
@@ -122,9 +151,12 @@ static void set_offset(const i8a_kernels *kt, const row_source *src, size_t from
         for (size_t i = 0; i < n; i++)
             sum[i] = 0.0;
         for (size_t pos = from; pos < to; pos++) {
-            const float *rows = rows_at(src, pos) + h0 * d;   /* heads h0 .. h0+nh-1, adjacent */
-            for (size_t i = 0; i < n; i++)
-                sum[i] += rows[i];
+            for (size_t h = 0; h < nh; h++) {               /* a token's heads in one sweep */
+                float tmp[I8A_MAX_HEAD_DIM];
+                const float *row = row_at(src, pos, h0 + h, tmp);
+                for (size_t i = 0; i < d; i++)
+                    sum[h * d + i] += row[i];
+            }
         }
         for (size_t i = 0; i < n; i++)
             sum[i] = sum[i] / (double)(to - from);          /* now the means */
@@ -165,19 +197,22 @@ static int code_rows(const i8a_kernels *kt, const i8a_cache *c, const row_source
 {
     const size_t d = c->head_dim, hkv = c->n_kv_heads;
     for (size_t pos = a; pos < b; pos++) {
-        const float *kr = rows_at(src_k, pos), *vr = rows_at(src_v, pos);
         const int given = pos >= src_k->x_from;             /* the ring's rows were checked */
         for (size_t g = 0; g < hkv; g++) {
             const size_t row = g * c->max_seq + pos;
             const int centered = has_offsets(c) && pos >= 1;
-            const int bad_k = given && !in_range(kr + g * d, d);
-            if (bad_k || (given && !in_range(vr + g * d, d))) {
-                *bad = (pos - src_k->x_from) * hkv + g;
-                return bad_k ? 1 : 2;
+            if (given) {
+                const size_t at = ((pos - src_k->x_from) * hkv + g) * d;
+                const int bad_k = !in_range(src_k->x + at, d);
+                if (bad_k || !in_range(src_v->x + at, d)) {
+                    *bad = (pos - src_k->x_from) * hkv + g;
+                    return bad_k ? 1 : 2;
+                }
             }
-            store_row(kt, c, kr + g * d, centered ? c->k_offset + g * d : NULL,
+            float tk[I8A_MAX_HEAD_DIM], tv[I8A_MAX_HEAD_DIM];
+            store_row(kt, c, row_at(src_k, pos, g, tk), centered ? c->k_offset + g * d : NULL,
                       c->k_codes + row * d, c->k_scale + row);
-            store_row(kt, c, vr + g * d, centered ? c->v_offset + g * d : NULL,
+            store_row(kt, c, row_at(src_v, pos, g, tv), centered ? c->v_offset + g * d : NULL,
                       c->v_codes + row * d, c->v_scale + row);
         }
     }
@@ -195,7 +230,8 @@ int i8a_append(const i8a_kernels *kt, i8a_cache *c, const float *k, const float 
     /* Nothing that outlives a failed append is written before every row is known to be in
      * range: the codes and scales of positions len .. are not the cache's until len grows,
      * and k_first counts only once it does; the offsets and the ring are written after. */
-    const row_source src_k = {c, k, c->k_recent, len}, src_v = {c, v, c->v_recent, len};
+    const row_source src_k = {kt, c, k, c->k_recent, c->k_rscale, len};
+    const row_source src_v = {kt, c, v, c->v_recent, c->v_rscale, len};
     size_t to = 0;                      /* the offsets come from positions 1 .. to-1 */
     if (c->k_offset && !c->offsets_set && !c->recent && end >= 2)
         to = end;                                           /* this append's rows past 0 */
@@ -226,9 +262,11 @@ int i8a_append(const i8a_kernels *kt, i8a_cache *c, const float *k, const float 
     if (c->recent) {                    /* the latest `ring` rows into the ring */
         const size_t from = end > c->ring && end - c->ring > len ? end - c->ring : len;
         for (size_t pos = from; pos < end; pos++) {
-            const size_t s = slot_of(c, pos);
-            memcpy(c->k_recent + s * hkv * d, k + (pos - len) * hkv * d, hkv * d * sizeof(float));
-            memcpy(c->v_recent + s * hkv * d, v + (pos - len) * hkv * d, hkv * d * sizeof(float));
+            for (size_t g = 0; g < hkv; g++) {
+                const size_t at = g * c->ring + slot_of(c, pos), x = ((pos - len) * hkv + g) * d;
+                c->k_rscale[at] = kt->half_row(k + x, d, c->k_recent + at * d);
+                c->v_rscale[at] = kt->half_row(v + x, d, c->v_recent + at * d);
+            }
         }
         if (end > c->ring && end - c->ring > c->held_from)
             c->held_from = end - c->ring;
@@ -251,7 +289,8 @@ void i8a_truncate(const i8a_kernels *kt, i8a_cache *c, size_t n)
     } else if (c->recent && n <= c->recent && c->held_from <= 1) {
         /* back to before the offsets: the rows past position 0 coded uncentered again, as the
          * appends that brought the cache to n tokens left them */
-        const row_source src_k = {c, NULL, c->k_recent, n}, src_v = {c, NULL, c->v_recent, n};
+        const row_source src_k = {kt, c, NULL, c->k_recent, c->k_rscale, n};
+        const row_source src_v = {kt, c, NULL, c->v_recent, c->v_rscale, n};
         c->offsets_set = 0;
         size_t unused;
         code_rows(kt, c, &src_k, &src_v, 1, n, &unused);
@@ -379,7 +418,7 @@ static size_t visible_chunk(const chunk_runs *runs, size_t vi)
 static size_t work_of(const i8a_cache *c, size_t t, size_t h, size_t items)
 {
     const size_t hkv = c->n_kv_heads, rows_per_kv = t * (h / hkv);
-    const size_t tokens = items / hkv * I8A_CHUNK;          /* an upper bound of rows read */
+    const size_t tokens = items / hkv * I8A_CHUNK;  /* rows read, a window item as a chunk */
     return hkv * (tokens < c->length ? tokens : c->length) * (c->head_dim / 16)
            * (1 + rows_per_kv) / 16;
 }
@@ -404,12 +443,13 @@ static size_t threads_for(size_t work, size_t items, size_t max_threads)
  *   running max and sum per kv head [hkv][R] float each;
  *   per (kv head, visible chunk, part): the state of R rows: o [R][d], m [R], l [R]; the part is
  *     0 for the sinks and 1 for the window when both are on, else 0;
+ *   with a recent window, per kv head: the state of R rows over the window (the same shape);
  *   per thread: the attend scratch, 2 * R * I8A_CHUNK floats. */
 typedef struct {
     chunk_runs runs;
-    size_t rows, parts, nvis, threads;
+    size_t rows, parts, nvis, per_head, threads;   /* per_head: items, nvis + the window's */
     size_t q_lo, c_hi, c_lo, bias, pos0_logit, q_float, v_pos0, residual, left, run_m, run_l;
-    size_t states;
+    size_t states, windows;
     size_t workers, end;
     size_t state_bytes, worker_bytes;
 } layout;
@@ -432,6 +472,7 @@ static layout plan(const i8a_cache *c, size_t t, size_t h, const i8a_options *op
     L.parts = opt->window && opt->sinks ? 2 : 1;
     L.runs = visible_chunks(c, t, opt);
     L.nvis = L.runs.count[0] + L.runs.count[1];
+    L.per_head = L.nvis + (c->recent ? 1 : 0);
     L.state_bytes = align64(L.rows * (d + 2) * f);
     L.worker_bytes = align64(2 * L.rows * I8A_CHUNK * f);
     const size_t qrows = hkv * L.rows;
@@ -447,14 +488,15 @@ static layout plan(const i8a_cache *c, size_t t, size_t h, const i8a_options *op
     L.run_m = L.left + align64(hkv * sizeof(atomic_size_t));
     L.run_l = L.run_m + align64(qrows * f);
     L.states = L.run_l + align64(qrows * f);
-    L.workers = L.states + hkv * L.nvis * L.parts * L.state_bytes;
+    L.windows = L.states + hkv * L.nvis * L.parts * L.state_bytes;
+    L.workers = L.windows + (c->recent ? hkv * L.state_bytes : 0);
     return with_threads(L, 1);
 }
 
 size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
                           size_t max_threads)
 {
-    const size_t items = c->n_kv_heads * plan(c, t, h, opt).nvis;
+    const size_t items = c->n_kv_heads * plan(c, t, h, opt).per_head;
     return threads_for(work_of(c, t, h, items), items, max_threads);
 }
 
@@ -554,6 +596,15 @@ static i8a_state state_at(const decode_job *job, size_t g, size_t vi, size_t par
     return s;
 }
 
+/* The recent window's state of rows [r, ..) of kv head g. */
+static i8a_state window_at(const decode_job *job, size_t g, size_t r)
+{
+    const size_t rows = job->L.rows, d = job->c->head_dim;
+    float *p = (float *)(job->base + job->L.windows + g * job->L.state_bytes);
+    i8a_state s = {p + rows * d + r, p + rows * d + rows + r, p + r * d};
+    return s;
+}
+
 /* Query rows [r, r + count) of kv head g. */
 static i8a_query query_at(const decode_job *job, size_t g, size_t r, size_t count)
 {
@@ -616,29 +667,31 @@ static void pos0_state(const decode_job *job, size_t g, size_t r, const float *v
 }
 
 /* The state of query row r of kv head g over the positions of the recent window it sees
- * (visible_ranges), exactly from their floats (the tier's attend_float); o is then rotated into
+ * (visible_ranges), from its halves (the tier's attend_float); o is then rotated into
  * the stored space, minus l * v_offset when `off` (as the coded rows' states are). Returns 0
  * when the row sees none of the window (st untouched). */
 static int window_state(const decode_job *job, size_t g, size_t r, const visible_ranges *vis,
                         int off, const i8a_state *st)
 {
     const i8a_cache *c = job->c;
-    const size_t d = c->head_dim, hkv = c->n_kv_heads, sinks = job->opt->sinks;
+    const size_t d = c->head_dim, sinks = job->opt->sinks;
     const float *qf = (const float *)(job->base + job->L.q_float) + (g * job->L.rows + r) * d;
-    const float *kr[I8A_RECENT_MAX], *vr[I8A_RECENT_MAX];
-    float logit[I8A_RECENT_MAX];
+    const uint16_t *kr[I8A_RECENT_MAX], *vr[I8A_RECENT_MAX];
+    float ks[I8A_RECENT_MAX], vs[I8A_RECENT_MAX], logit[I8A_RECENT_MAX];
     size_t n = 0;
-    for (size_t p = vis->fw; p < vis->end; p++) {
+    size_t s = slot_of(c, vis->fw);                         /* p's slot, stepped along */
+    for (size_t p = vis->fw; p < vis->end; p++, s = s + 1 < c->ring ? s + 1 : 0) {
         if (p < vis->lo && p >= sinks)
             continue;
-        const size_t row = (slot_of(c, p) * hkv + g) * d;
-        kr[n] = c->k_recent + row;
-        vr[n++] = c->v_recent + row;
+        const size_t at = g * c->ring + s;
+        kr[n] = c->k_recent + at * d, vr[n] = c->v_recent + at * d;
+        ks[n] = c->k_rscale[at], vs[n++] = c->v_rscale[at];
     }
     if (n == 0)
         return 0;
     I8A_EXPECT(n <= c->recent);
-    job->kt->attend_float(qf, kr, vr, n, d, job->opt->softcap, logit, st->m, st->l, st->o);
+    const i8a_float_rows rows = {kr, vr, ks, vs, n};
+    job->kt->attend_float(qf, &rows, d, job->opt->softcap, logit, st->m, st->l, st->o);
     if (c->sign)
         job->kt->rotate(st->o, d, c->sign, 0, st->o);
     if (off)
@@ -647,7 +700,26 @@ static int window_state(const decode_job *job, size_t g, size_t r, const visible
     return 1;
 }
 
-/* All chunks of kv head g are done: per query row, fold the states it has in position order
+/* Whether query row r's output takes the V offset back: the cache's offsets hold and the row
+ * saw coded positions (its window's state is taken minus l * v_offset to match). */
+static int row_offset(const i8a_cache *c, const visible_ranges *vis)
+{
+    return has_offsets(c) && (vis->sink_begin < vis->sink_end || vis->win_begin < vis->win_end);
+}
+
+/* The window item of kv head g: every query row's state over the recent window it sees (m =
+ * -inf: none). */
+static void window_item(const decode_job *job, size_t g)
+{
+    for (size_t r = 0; r < job->L.rows; r++) {
+        const visible_ranges vis = visible(job->c, job->t, r / job->nq, job->opt);
+        const i8a_state st = window_at(job, g, r);
+        if (!window_state(job, g, r, &vis, row_offset(job->c, &vis), &st))
+            st.m[0] = -INFINITY;
+    }
+}
+
+/* All items of kv head g are done: per query row, fold the states it has in position order
  * (position 0 from its float row, chunks, and within a chunk the sinks before the window, then
  * the recent window), normalize into out, add the V offset when the row saw coded positions (so
  * a row that sees only position 0 and the window gets the same bits whatever the cache's
@@ -668,8 +740,7 @@ static void finish_head(const decode_job *job, size_t g)
         float *o = job->out + (tt * job->h + g * nq + j) * d;
         const i8a_state run = {rm + r, rl + r, o};
         const visible_ranges vis = visible(c, job->t, tt, job->opt);
-        const int off = has_offsets(c)
-                        && (vis.sink_begin < vis.sink_end || vis.win_begin < vis.win_end);
+        const int off = row_offset(c, &vis);
         int started = vis.pos0;
         if (started)
             pos0_state(job, g, r, v0, off, &run);
@@ -687,13 +758,12 @@ static void finish_head(const decode_job *job, size_t g)
                 }
             }
         }
-        float wm, wl, wo[I8A_MAX_HEAD_DIM];
-        const i8a_state win = {&wm, &wl, wo};
-        if (c->recent && window_state(job, g, r, &vis, off, &win)) {
-            if (!started) {
-                rm[r] = wm, rl[r] = wl;
-                memcpy(o, wo, d * sizeof(float));
-            } else {
+        if (c->recent) {
+            const i8a_state win = window_at(job, g, r);
+            if (win.m[0] != -INFINITY && !started) {    /* (a window's logits are finite) */
+                rm[r] = win.m[0], rl[r] = win.l[0];
+                memcpy(o, win.o, d * sizeof(float));
+            } else if (win.m[0] != -INFINITY) {
                 job->kt->merge(&run, &win, d);
             }
         }
@@ -712,10 +782,18 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
 {
     const decode_job *job = (const decode_job *)ctx;
     const i8a_cache *c = job->c;
-    const size_t nq = job->nq, rows = job->L.rows, nvis = job->L.nvis;
+    const size_t nq = job->nq, rows = job->L.rows, nvis = job->L.nvis, per = job->L.per_head;
     float *scratch = (float *)(job->base + job->L.workers + worker * job->L.worker_bytes);
+    atomic_size_t *left = (atomic_size_t *)(job->base + job->L.left);
     for (size_t item = begin; item < end; item++) {
-        const size_t g = item / nvis, vi = item % nvis, chunk = visible_chunk(&job->L.runs, vi);
+        const size_t g = item / per, vi = item % per;
+        if (vi == nvis) {                                   /* the head's recent window */
+            window_item(job, g);
+            if (atomic_fetch_sub_explicit(left + g, 1, memory_order_acq_rel) == 1)
+                finish_head(job, g);
+            continue;
+        }
+        const size_t chunk = visible_chunk(&job->L.runs, vi);
         const i8a_span whole_span = chunk_span(c, g, chunk);
         const size_t c0 = chunk_start(c, chunk), c1 = c0 + whole_span.n;
         for (size_t part = 0; part < job->L.parts; part++) {
@@ -730,9 +808,9 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
             whole = v.win_begin <= c0 && c1 <= v.win_end;
         }
         const size_t then = item + 1 < end ? item + 1 : after;   /* this thread's next item */
-        i8a_span next = {0};
-        if (then < c->n_kv_heads * nvis)
-            next = chunk_span(c, then / nvis, visible_chunk(&job->L.runs, then % nvis));
+        i8a_span next = {0};                                /* (none before a window item) */
+        if (then < c->n_kv_heads * per && then % per < nvis)
+            next = chunk_span(c, then / per, visible_chunk(&job->L.runs, then % per));
         if (whole) {
             i8a_span span = whole_span;
             span.next_k = next.k, span.next_v = next.v, span.next_n = next.n;
@@ -758,8 +836,7 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
                 }
             }
         }
-        atomic_size_t *left = (atomic_size_t *)(job->base + job->L.left) + g;
-        if (atomic_fetch_sub_explicit(left, 1, memory_order_acq_rel) == 1)
+        if (atomic_fetch_sub_explicit(left + g, 1, memory_order_acq_rel) == 1)
             finish_head(job, g);
     }
 }
@@ -818,7 +895,7 @@ static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t
     }
     atomic_size_t *left = (atomic_size_t *)(job->base + L.left);
     for (size_t g = 0; g < hkv; g++)
-        atomic_init(left + g, L.nvis);
+        atomic_init(left + g, L.per_head);
     return 0;
 }
 
@@ -876,7 +953,7 @@ int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, cons
     first[0] = 0;
     for (size_t b = 0; b < n; b++) {
         jobs[b].L = plan(cs[b], t, h, opt);
-        const size_t items = cs[b]->n_kv_heads * jobs[b].L.nvis;
+        const size_t items = cs[b]->n_kv_heads * jobs[b].L.per_head;
         work += work_of(cs[b], t, h, items);
         first[b + 1] = first[b] + items;
     }
@@ -892,7 +969,7 @@ int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, cons
     }
     if (rc == 0) {
         for (size_t b = 0; b < n; b++)              /* a cache whose queries see only position 0 */
-            if (jobs[b].L.nvis == 0)
+            if (jobs[b].L.per_head == 0)
                 for (size_t g = 0; g < cs[b]->n_kv_heads; g++)
                     finish_head(&jobs[b], g);
         const batch_job batch = {jobs, first};
@@ -987,11 +1064,11 @@ void i8a_dequantize(const i8a_kernels *kt, const i8a_cache *c, float *k, float *
     const size_t d = c->head_dim, hkv = c->n_kv_heads, fw = i8a_window_start(c);
     const int off = has_offsets(c);
     for (size_t pos = 0; pos < c->length; pos++) {
-        if (pos >= fw) {                /* the window: its floats, every head at once */
-            memcpy(k + pos * hkv * d, c->k_recent + slot_of(c, pos) * hkv * d,
-                   hkv * d * sizeof(float));
-            memcpy(v + pos * hkv * d, c->v_recent + slot_of(c, pos) * hkv * d,
-                   hkv * d * sizeof(float));
+        if (pos >= fw) {                /* the window: its halves, scaled */
+            for (size_t g = 0; g < hkv; g++) {
+                widen_row(c, c->k_recent, c->k_rscale, g, slot_of(c, pos), k + (pos * hkv + g) * d);
+                widen_row(c, c->v_recent, c->v_rscale, g, slot_of(c, pos), v + (pos * hkv + g) * d);
+            }
             continue;
         }
         for (size_t g = 0; g < hkv; g++) {
@@ -1014,8 +1091,10 @@ void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n)
         return;
     if (c->k_first && keep > 0) {   /* position n, as decode read it, becomes the float row */
         if (n >= i8a_window_start(c)) {
-            memcpy(c->k_first, c->k_recent + slot_of(c, n) * hkv * d, hkv * d * sizeof(float));
-            memcpy(c->v_first, c->v_recent + slot_of(c, n) * hkv * d, hkv * d * sizeof(float));
+            for (size_t g = 0; g < hkv; g++) {
+                widen_row(c, c->k_recent, c->k_rscale, g, slot_of(c, n), c->k_first + g * d);
+                widen_row(c, c->v_recent, c->v_rscale, g, slot_of(c, n), c->v_first + g * d);
+            }
         } else {
             for (size_t g = 0; g < hkv; g++)
                 dequantize_row(kt, c, g, n, has_offsets(c), c->k_first + g * d,

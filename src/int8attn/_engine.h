@@ -18,13 +18,14 @@
  * Keeping the first position (k_first != NULL): position 0, the attention sink, is also kept as
  * given in k_first / v_first, and decode reads it from there instead of from its codes.
  *
- * The recent window (recent = R > 0): the float rows of the latest positions, as appended, are
- * also kept in a ring (k_recent / v_recent), and decode reads the last R positions from there
- * instead of from their codes. The ring holds the last 2R positions appended (R more than the
- * window reads), so truncate can take back up to R tokens and find the window's rows still
- * there; floats are held for positions [held_from, length). Every row is also quantized as it
- * is appended, so the codes of every position exist (the window's are read once a truncate
- * deeper than the ring, or an evict, leaves a position without its floats).
+ * The recent window (recent = R > 0): the rows of the latest positions, as appended, are also
+ * kept in a ring (k_recent / v_recent) as IEEE halves with a power-of-two scale per row (the
+ * tier's half_row: 11 significant bits whatever the row's range), and decode reads the last R
+ * positions from there instead of from their codes. The ring holds the last 2R positions appended
+ * (R more than the window reads), so truncate can take back up to R tokens and find the window's
+ * rows still there; floats are held for positions [held_from, length). Every row is also
+ * quantized as it is appended, so the codes of every position exist (the window's are read once a
+ * truncate deeper than the ring, or an evict, leaves a position without its floats).
  *
  * Centering (k_offset != NULL, only with k_first): every row past position 0 is stored minus
  * its kv head's offset (k_offset / v_offset, in the stored space), which decode adds back:
@@ -41,6 +42,7 @@
 
 /* The largest recent window (its logits sit on the stack during a decode). */
 #define I8A_RECENT_MAX 1024
+
 
 /* The range of the format. Every value appended (k, v) or decoded against (q) must be within
  * +-I8A_VALUE_MAX (2^64): then no step of the format (the rotation grows a row's largest value
@@ -63,7 +65,8 @@ typedef struct {
     int offsets_set;            /* the offsets hold (decode adds them back); 0 without them */
     size_t recent;              /* R, the positions decode reads as floats; 0: no window */
     size_t ring;                /* slots of the ring: min(2R, max_seq); 0 without a window */
-    float *k_recent, *v_recent; /* [ring][n_kv_heads][head_dim] float rows as appended, or NULL */
+    uint16_t *k_recent, *v_recent;  /* [n_kv_heads][ring][head_dim] halves, or NULL */
+    float *k_rscale, *v_rscale; /* [n_kv_heads][ring] their rows' scales (powers of two) */
     size_t ring_shift;          /* position p's rows sit in slot (p + ring_shift) % ring */
     size_t held_from;           /* floats are held for positions held_from .. length-1 */
     void *work;                 /* decode's workspace (64-byte aligned), grown by i8a_decode */
@@ -150,6 +153,7 @@ void i8a_dequantize(const i8a_kernels *kt, const i8a_cache *c, float *k, float *
 /* The first position decode reads from the recent window (len when it reads none): the last R
  * positions, those whose floats are held, and not position 0 when it is kept apart. */
 size_t i8a_window_start(const i8a_cache *c);
+
 
 /* Read the K and V codes and scales of every kv head and position (what a decode of the whole
  * cache reads, but for the recent window's floats in place of its codes), split over `threads`

@@ -6,7 +6,8 @@
 - :func:`attention`: attention of float q over float K/V (float64 inside), the accuracy reference,
   with the decode options (several query positions, window, sinks, softcap); :func:`visible`
   says which positions each query sees.
-- :func:`window_rows`: the floats decode reads for the recent window.
+- :func:`window_rows`: the floats decode reads for the recent window; :func:`half_rows`: how
+  the window keeps a row (IEEE halves times a power of two per row).
 - :func:`emulate`: the kernel's method, exactly where it rounds to integers (int8 q planes, exact
   integer dots) and in float64 everywhere else: what the kernel computes, minus its f32 rounding.
 """
@@ -135,6 +136,26 @@ def attention(q, k, v, *, scale=None, window=None, sinks=0, softcap=None):
     p /= p.sum(axis=2, keepdims=True)
     out = np.einsum("ths,shd->thd", p, v).astype(np.float32)
     return out[0] if single else out
+
+
+# The smallest exponent of a window row's scale (I8A_HALF_EXP_MIN in _simd/common.h).
+HALF_EXP_MIN = -100
+
+
+def half_rows(x):
+    """The rows x [..., D] as the recent window keeps them, float32 of x's shape: each row is
+    scaled by 2^-e, e the exponent that puts its largest rounded |value| in [2^14, 2^15) (at
+    least HALF_EXP_MIN; 0 for a zero row), rounded to IEEE halves (numpy's conversion: nearest,
+    ties to even), and scaled back (exactly)."""
+    x = np.asarray(x, dtype=np.float32)
+    top = np.max(np.abs(x), axis=-1, keepdims=True)
+    e = np.maximum(np.frexp(top)[1] - 15, HALF_EXP_MIN)
+    e = np.where(top == 0, 0, e)
+    h = np.ldexp(x, -e).astype(np.float16)
+    up = np.max(np.abs(h), axis=-1, keepdims=True) >= 2.0**15     # rounded up to 2^15
+    e = np.where(up, e + 1, e)
+    h = np.where(up, np.ldexp(x, -e).astype(np.float16), h)
+    return np.ldexp(h.astype(np.float32), e).astype(np.float32)
 
 
 def window_rows(cache):

@@ -41,11 +41,14 @@ static int run_case(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
         c.k_offset = centering + 2 * hkv * d, c.v_offset = centering + 3 * hkv * d;
     /* the recent window on half of the cases: R = 64 or 16, the ring min(2R, len) long */
     const size_t recent = len % 2 ? 0 : len % 4 ? 16 : 64;
-    float *ring = NULL;
+    uint16_t *ring = NULL;
+    float *ring_scale = NULL;
     if (recent) {
         c.recent = recent, c.ring = 2 * recent < len ? 2 * recent : len;
-        ring = malloc(2 * c.ring * hkv * d * sizeof(float));
+        ring = malloc(2 * c.ring * hkv * d * sizeof(uint16_t));
+        ring_scale = malloc(2 * c.ring * hkv * sizeof(float));
         c.k_recent = ring, c.v_recent = ring + c.ring * hkv * d;
+        c.k_rscale = ring_scale, c.v_rscale = ring_scale + c.ring * hkv;
     }
     c.k_codes = malloc(hkv * len * d), c.v_codes = malloc(hkv * len * d);
     c.k_scale = malloc(hkv * len * sizeof(float)), c.v_scale = malloc(hkv * len * sizeof(float));
@@ -66,7 +69,7 @@ static int run_case(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
     rc |= i8a_decode(kt, &c, q, 1, h, &opt, threads, out, &bad);
     i8a_cache_free_work(&c);
     free(k), free(v), free(q), free(c.k_codes), free(c.v_codes), free(c.k_scale), free(c.v_scale);
-    free(centering), free(ring);
+    free(centering), free(ring), free(ring_scale);
     return rc;
 }
 

@@ -15,10 +15,10 @@
 #include "common.h"
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #elif defined(__GNUC__)
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 #endif
 
 static inline float i8a_hmax8_avx2(__m256 v)
@@ -459,11 +459,103 @@ i8a_rot_groups_avx2(const float *in, size_t d, const float *sign, int inverse, i
     }
 }
 
-static void i8a_attend_float_avx2(const float *q, const float *const *k,
-                                  const float *const *v, size_t n, size_t d, float cap,
-                                  float *logit, float *m, float *l, float *o)
+/* A row into the window's halves (dispatch.h): the largest |x| by vector max (exact in any
+ * order), then F16C's vcvtps2ph, IEEE nearest-even like i8a_half_bits. */
+static float i8a_half_row_avx2(const float *x, size_t d, uint16_t *h)
 {
-    i8a_attend_float_body(q, k, v, n, d, cap, logit, m, l, o);
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 most = _mm256_setzero_ps();
+    for (size_t i = 0; i < d; i += 8)
+        most = _mm256_max_ps(most, _mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask));
+    float lane[8], top = 0.0f;
+    _mm256_storeu_ps(lane, most);
+    for (int t = 0; t < 8; t++)
+        top = lane[t] > top ? lane[t] : top;
+    if (top == 0.0f) {
+        memset(h, 0, d * sizeof(uint16_t));
+        return 1.0f;
+    }
+    const int e = i8a_half_exponent(top);
+    const __m256 down = _mm256_set1_ps(ldexpf(1.0f, -e));
+    for (size_t i = 0; i < d; i += 8) {
+        const __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i), down);
+        _mm_storeu_si128((__m128i *)(h + i),
+                         _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    return ldexpf(1.0f, e);
+}
+
+/* The recent window's two loops (common.h's order), halves widened by F16C (exact); a lane
+ * sum of 16 is two vectors, lanes 0-7 and 8-15. */
+static inline __m256 i8a_halves8_avx2(const uint16_t *h)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+static void i8a_dots4_avx2(const float *q, const uint16_t *const *k, size_t d, float *dot)
+{
+    __m256 lo[4], hi[4];
+    for (int b = 0; b < 4; b++)
+        lo[b] = hi[b] = _mm256_setzero_ps();
+    for (size_t i = 0; i < d; i += 16) {
+        const __m256 q0 = _mm256_loadu_ps(q + i), q1 = _mm256_loadu_ps(q + i + 8);
+#pragma GCC unroll 4
+        for (int b = 0; b < 4; b++) {
+            lo[b] = _mm256_add_ps(lo[b], _mm256_mul_ps(q0, i8a_halves8_avx2(k[b] + i)));
+            hi[b] = _mm256_add_ps(hi[b], _mm256_mul_ps(q1, i8a_halves8_avx2(k[b] + i + 8)));
+        }
+    }
+    for (int b = 0; b < 4; b++) {         /* i8a_fold16 in registers: + 8, + 4, + 2, + 1 */
+        const __m256 h8 = _mm256_add_ps(lo[b], hi[b]);
+        const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+        const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+        dot[b] = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+    }
+}
+
+static void i8a_exps_avx2(float *x, size_t n, float m)
+{
+    const __m256 vm = _mm256_set1_ps(m);
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(x + j, i8a_exp8_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + j), vm)));
+    for (; j < n; j++)
+        x[j] = i8a_exp_scalar(x[j] - m);
+}
+
+/* o[i .. i + 8 nb) of the V sum: nb vectors, one chain each, side by side. */
+I8A_INLINE void i8a_vsum_part_avx2(const float *w, const uint16_t *const *v, size_t n, size_t i,
+                                   int nb, float *o)
+{
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int b = 0; b < nb; b++)
+        acc[b] = _mm256_setzero_ps();
+    for (size_t j = 0; j < n; j++) {
+        const __m256 wj = _mm256_set1_ps(w[j]);
+#pragma GCC unroll 8
+        for (int b = 0; b < nb; b++)
+            acc[b] = _mm256_add_ps(acc[b], _mm256_mul_ps(wj, i8a_halves8_avx2(v[j] + i + 8 * b)));
+    }
+#pragma GCC unroll 8
+    for (int b = 0; b < nb; b++)
+        _mm256_storeu_ps(o + i + 8 * b, acc[b]);
+}
+
+static void i8a_vsum_avx2(const float *w, const uint16_t *const *v, size_t n, size_t d, float *o)
+{
+    size_t i = 0;
+    for (; i + 64 <= d; i += 64)
+        i8a_vsum_part_avx2(w, v, n, i, 8, o);
+    for (; i < d; i += 16)
+        i8a_vsum_part_avx2(w, v, n, i, 2, o);
+}
+
+static void i8a_attend_float_avx2(const float *q, const i8a_float_rows *w, size_t d,
+                                  float cap, float *logit, float *m, float *l, float *o)
+{
+    i8a_attend_float_body(q, w, d, cap, logit, m, l, o, i8a_dots4_avx2, i8a_exps_avx2,
+                          i8a_vsum_avx2);
 }
 
 static void i8a_rotate_avx2(const float *in, size_t d, const float *sign, int inverse, float *x)

@@ -16,10 +16,10 @@
 #include "common.h"
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))), apply_to = function)
 #elif defined(__GNUC__)
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
 #endif
 
 static int i8a_quantize_row_avx512_vnni(const float *x, size_t d, int8_t *codes, float *scale)
@@ -449,11 +449,101 @@ i8a_rot_groups_avx512_vnni(const float *in, size_t d, const float *sign, int inv
     }
 }
 
-static void i8a_attend_float_avx512_vnni(const float *q, const float *const *k,
-                                         const float *const *v, size_t n, size_t d, float cap,
-                                         float *logit, float *m, float *l, float *o)
+/* A row into the window's halves (dispatch.h): the largest |x| by vector max (exact in any
+ * order), then vcvtps2ph, IEEE nearest-even like i8a_half_bits. */
+static float i8a_half_row_avx512_vnni(const float *x, size_t d, uint16_t *h)
 {
-    i8a_attend_float_body(q, k, v, n, d, cap, logit, m, l, o);
+    __m512 most = _mm512_setzero_ps();
+    for (size_t i = 0; i < d; i += 16)
+        most = _mm512_max_ps(most, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+    const float top = _mm512_reduce_max_ps(most);
+    if (top == 0.0f) {
+        memset(h, 0, d * sizeof(uint16_t));
+        return 1.0f;
+    }
+    const int e = i8a_half_exponent(top);
+    const __m512 down = _mm512_set1_ps(ldexpf(1.0f, -e));
+    for (size_t i = 0; i < d; i += 16) {
+        const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + i), down);
+        _mm256_storeu_si256((__m256i *)(h + i),
+                            _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    return ldexpf(1.0f, e);
+}
+
+/* The recent window's two loops (common.h's order), halves widened by vcvtph2ps (exact). */
+static inline __m512 i8a_halves16_avx512_vnni(const uint16_t *h)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+}
+
+static void i8a_dots4_avx512_vnni(const float *q, const uint16_t *const *k, size_t d, float *dot)
+{
+    __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                   _mm512_setzero_ps()};
+    for (size_t i = 0; i < d; i += 16) {
+        const __m512 qv = _mm512_loadu_ps(q + i);
+#pragma GCC unroll 4
+        for (int b = 0; b < 4; b++)
+            a[b] = _mm512_add_ps(a[b], _mm512_mul_ps(qv, i8a_halves16_avx512_vnni(k[b] + i)));
+    }
+    for (int b = 0; b < 4; b++) {         /* i8a_fold16 in registers: + 8, + 4, + 2, + 1 */
+        const __m256 lo = _mm512_castps512_ps256(a[b]);
+        const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[b]), 1));
+        const __m256 h8 = _mm256_add_ps(lo, hi);
+        const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+        const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+        dot[b] = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+    }
+}
+
+static void i8a_exps_avx512_vnni(float *x, size_t n, float m)
+{
+    const __m512 vm = _mm512_set1_ps(m);
+    size_t j = 0;
+    for (; j + 16 <= n; j += 16)
+        _mm512_storeu_ps(x + j, i8a_exp16_avx512_vnni(_mm512_sub_ps(_mm512_loadu_ps(x + j), vm)));
+    for (; j < n; j++)
+        x[j] = i8a_exp_scalar(x[j] - m);
+}
+
+/* o[i .. i + 16 nb) of the V sum: nb vectors, one chain each, side by side. */
+I8A_INLINE void i8a_vsum_part_avx512_vnni(const float *w, const uint16_t *const *v, size_t n,
+                                          size_t i, int nb, float *o)
+{
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int b = 0; b < nb; b++)
+        acc[b] = _mm512_setzero_ps();
+    for (size_t j = 0; j < n; j++) {
+        const __m512 wj = _mm512_set1_ps(w[j]);
+#pragma GCC unroll 8
+        for (int b = 0; b < nb; b++)
+            acc[b] = _mm512_add_ps(acc[b],
+                                   _mm512_mul_ps(wj, i8a_halves16_avx512_vnni(v[j] + i + 16 * b)));
+    }
+#pragma GCC unroll 8
+    for (int b = 0; b < nb; b++)
+        _mm512_storeu_ps(o + i + 16 * b, acc[b]);
+}
+
+static void i8a_vsum_avx512_vnni(const float *w, const uint16_t *const *v, size_t n, size_t d,
+                                 float *o)
+{
+    size_t i = 0;
+    for (; i + 128 <= d; i += 128)
+        i8a_vsum_part_avx512_vnni(w, v, n, i, 8, o);
+    for (; i + 64 <= d; i += 64)
+        i8a_vsum_part_avx512_vnni(w, v, n, i, 4, o);
+    for (; i < d; i += 16)
+        i8a_vsum_part_avx512_vnni(w, v, n, i, 1, o);
+}
+
+static void i8a_attend_float_avx512_vnni(const float *q, const i8a_float_rows *w, size_t d,
+                                         float cap, float *logit, float *m, float *l, float *o)
+{
+    i8a_attend_float_body(q, w, d, cap, logit, m, l, o, i8a_dots4_avx512_vnni,
+                          i8a_exps_avx512_vnni, i8a_vsum_avx512_vnni);
 }
 
 static void i8a_rotate_avx512_vnni(const float *in, size_t d, const float *sign, int inverse,

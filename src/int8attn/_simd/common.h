@@ -230,60 +230,164 @@ static inline void i8a_merge_head(const i8a_state *run, const i8a_state *chunk, 
     run->m[0] = m;
 }
 
-/* The recent window's state of one query row (i8a_attend_float_fn), the same source in every
- * tier: compiled under each tier's target, its loops vectorize to the tier's width, and as
- * every lane and every element keeps its own order (multiply, then add: no fma), every tier
- * gets the same bits. logit = q . k[j] as 16 lane sums (element i to lane i mod 16, each lane in
- * index order) folded by i8a_reduce_lanes, soft-capped when on; m = their max; w = exp(logit -
- * m) by the contract's polynomial; l = the sum of w and o = the sum of w * v[j], both in
- * position order (o 16 dims at a time: each element's sum is its own, in position order). */
-I8A_INLINE void i8a_attend_float_body(const float *q, const float *const *k,
-                                      const float *const *v, size_t n, size_t d, float cap,
-                                      float *logit, float *m_out, float *l_out, float *o)
+/* IEEE binary16 (the recent window's rows, with a power-of-two scale per row). i8a_half_bits:
+ * the half nearest x, ties to even; |x| < 65520 (no overflow: the window's rows are scaled
+ * below 2^15 first). Normal halves (|x| >= 2^-14) round the float's bits; subnormal ones are
+ * |x| * 2^24 rounded to an integer by adding 2^23 (exact steps, then one rounding to nearest
+ * even: the default mode, which the quantizer's rintf also assumes). Branch-free, so that a
+ * row's loop vectorizes at the baseline ISA. i8a_half_value: its value, exact (every half is a
+ * float). Plain C, so the engine and the scalar tier share it; the SIMD tiers widen with their
+ * own instructions (exact too: the same floats). */
+static inline uint16_t i8a_half_bits(float x)
 {
-    float m = -INFINITY;
-    size_t j = 0;
-    for (; j + 4 <= n; j += 4) {        /* four rows at once: four independent chains */
-        float lane[4][I8A_SUM_LANES] = {{0.0f}};
-        const float *k0 = k[j], *k1 = k[j + 1], *k2 = k[j + 2], *k3 = k[j + 3];
-        for (size_t i = 0; i < d; i += I8A_SUM_LANES)
-            for (size_t t = 0; t < I8A_SUM_LANES; t++) {
-                lane[0][t] = lane[0][t] + q[i + t] * k0[i + t];
-                lane[1][t] = lane[1][t] + q[i + t] * k1[i + t];
-                lane[2][t] = lane[2][t] + q[i + t] * k2[i + t];
-                lane[3][t] = lane[3][t] + q[i + t] * k3[i + t];
-            }
+    uint32_t b, sb;
+    memcpy(&b, &x, sizeof b);
+    const uint32_t a = b & 0x7fffffffu;
+    const uint32_t normal = ((a + 0xfffu + ((a >> 13) & 1u)) >> 13) - (112u << 10);
+    float ax;
+    memcpy(&ax, &a, sizeof ax);
+    const float t = ax * 0x1p24f + 0x1p23f;      /* |x| < 2^-14: t - 2^23 < 2^10, exact sum */
+    memcpy(&sb, &t, sizeof sb);
+    const uint32_t sub = sb - 0x4b000000u;      /* the integer, 0 .. 1024 (1024: 2^-14) */
+    const uint32_t is_normal = 0u - (uint32_t)(a >= 0x38800000u);   /* all ones or zero */
+    return (uint16_t)(((b >> 16) & 0x8000u) | (normal & is_normal) | (sub & ~is_normal));
+}
+
+static inline float i8a_half_value(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) {
+        const float x = (float)m * 0x1p-24f;    /* subnormal (or zero): exact */
+        return sign ? -x : x;
+    }
+    const uint32_t b = sign | ((e + 112u) << 23) | (m << 13);
+    float x;
+    memcpy(&x, &b, sizeof x);
+    return x;
+}
+
+/* The fold of 16 lane sums into one: lane i + lane i + 8, then + 4, + 2, + 1 (the halving
+ * order of i8a_reduce_lanes, with constant widths). */
+static inline float i8a_fold16(const float lane[16])
+{
+    float a[8], b[4];
+    for (int i = 0; i < 8; i++)
+        a[i] = lane[i] + lane[i + 8];
+    for (int i = 0; i < 4; i++)
+        b[i] = a[i] + a[i + 4];
+    const float c0 = b[0] + b[2], c1 = b[1] + b[3];
+    return c0 + c1;
+}
+
+/* A tier's three loops of the recent window, in the order every tier keeps (multiply, then
+ * add: no fma). i8a_dots4_fn: dot[b] = q . k[b] for 4 rows of halves: 16 lane sums (element i
+ * to lane i mod 16, each lane in index order), folded by i8a_fold16's steps. i8a_exps_fn: x[j]
+ * = exp(x[j] - m) for j < n, the operations of i8a_exp_scalar. i8a_vsum_fn: o[i] = the sum over
+ * j < n of w[j] * v[j][i], in position order for every i. d a multiple of 16. */
+typedef void (*i8a_dots4_fn)(const float *q, const uint16_t *const *k, size_t d, float *dot);
+typedef void (*i8a_exps_fn)(float *x, size_t n, float m);
+typedef void (*i8a_vsum_fn)(const float *w, const uint16_t *const *v, size_t n, size_t d,
+                            float *o);
+
+/* The scalar forms of the two (the scalar tier's, and the order the others vectorize). */
+static inline void i8a_dots4_scalar(const float *q, const uint16_t *const *k, size_t d,
+                                    float *dot)
+{
+    for (size_t b = 0; b < 4; b++) {
+        float lane[16] = {0.0f};
+        for (size_t i = 0; i < d; i += 16)
+            for (size_t t = 0; t < 16; t++)
+                lane[t] = lane[t] + q[i + t] * i8a_half_value(k[b][i + t]);
+        dot[b] = i8a_fold16(lane);
+    }
+}
+
+static inline void i8a_exps_scalar(float *x, size_t n, float m)
+{
+    for (size_t j = 0; j < n; j++)
+        x[j] = i8a_exp_scalar(x[j] - m);
+}
+
+static inline void i8a_vsum_scalar(const float *w, const uint16_t *const *v, size_t n, size_t d,
+                                   float *o)
+{
+    for (size_t i = 0; i < d; i++) {
+        float acc = 0.0f;
+        for (size_t j = 0; j < n; j++)
+            acc = acc + w[j] * i8a_half_value(v[j][i]);
+        o[i] = acc;
+    }
+}
+
+/* The smallest scale exponent of a window row: a row whose largest |value| is below 2^(14 +
+ * this) keeps fewer than 11 bits for it (subnormal halves); scales stay normal floats. */
+#define I8A_HALF_EXP_MIN (-100)
+
+/* The scale exponent of a window row whose largest |value| is top (finite, > 0): e puts top's
+ * rounded half in [2^14, 2^15), at least I8A_HALF_EXP_MIN. Rounding is monotone, so top alone
+ * says whether the row rounds up to 2^15 at e - 15; the next exponent then takes it (and its
+ * largest is 2^14). */
+static inline int i8a_half_exponent(float top)
+{
+    int e;
+    frexpf(top, &e);                    /* top in [2^(e-1), 2^e) */
+    e = e - 15 > I8A_HALF_EXP_MIN ? e - 15 : I8A_HALF_EXP_MIN;
+    if ((i8a_half_bits(top * ldexpf(1.0f, -e)) & 0x7fffu) >= 0x7800u)
+        e++;
+    return e;
+}
+
+/* The i8a_half_row_fn of the scalar tier: the largest |x| (float compares: exact in any order), then every
+ * element times 2^-e (exact but below 2^-126, which rounds to 0 anyway) to its half. */
+static inline float i8a_half_row_body(const float *x, size_t d, uint16_t *h)
+{
+    float top = 0.0f;
+    for (size_t i = 0; i < d; i++)
+        top = fabsf(x[i]) > top ? fabsf(x[i]) : top;
+    if (top == 0.0f) {
+        memset(h, 0, d * sizeof(uint16_t));
+        return 1.0f;
+    }
+    const int e = i8a_half_exponent(top);
+    const float down = ldexpf(1.0f, -e);        /* 2^-e, a normal float (-50 <= -e <= 100) */
+    for (size_t i = 0; i < d; i++)
+        h[i] = i8a_half_bits(x[i] * down);
+    return ldexpf(1.0f, e);
+}
+
+/* The recent window's state of one query row (i8a_attend_float_fn), the same source in every
+ * tier around the tier's three loops: logit = (q . h[j]) * k_scale[j] (dots4; the last n % 4
+ * rows go through it with their first row repeated, the extra dots unused), soft-capped when
+ * on; m = their max; w = exp(logit - m) by the contract's polynomial (exps); l = the sum of w
+ * in position order; o = vsum of the weights w * v_scale[j]. */
+I8A_INLINE void i8a_attend_float_body(const float *q, const i8a_float_rows *w, size_t d,
+                                      float cap, float *logit, float *m_out, float *l_out,
+                                      float *o, i8a_dots4_fn dots4, i8a_exps_fn exps,
+                                      i8a_vsum_fn vsum)
+{
+    const size_t n = w->n;
+    for (size_t j = 0; j < n; j += 4) {
+        const uint16_t *rows[4];
+        float dot[4];
         for (size_t b = 0; b < 4; b++)
-            logit[j + b] = i8a_reduce_lanes(lane[b]);
+            rows[b] = w->k[j + b < n ? j + b : j];
+        dots4(q, rows, d, dot);
+        for (size_t b = 0; b < 4 && j + b < n; b++)
+            logit[j + b] = dot[b] * w->k_scale[j + b];
     }
-    for (; j < n; j++) {
-        float lane[I8A_SUM_LANES] = {0.0f};
-        const float *kr = k[j];
-        for (size_t i = 0; i < d; i += I8A_SUM_LANES)
-            for (size_t t = 0; t < I8A_SUM_LANES; t++)
-                lane[t] = lane[t] + q[i + t] * kr[i + t];
-        logit[j] = i8a_reduce_lanes(lane);
-    }
-    for (j = 0; j < n; j++) {
-        const float lg = cap > 0.0f ? i8a_softcap(logit[j], cap, 1.0f / cap) : logit[j];
-        logit[j] = lg;
-        m = lg > m ? lg : m;
-    }
+    if (cap > 0.0f)
+        for (size_t j = 0; j < n; j++)
+            logit[j] = i8a_softcap(logit[j], cap, 1.0f / cap);
+    float m = -INFINITY;
+    for (size_t j = 0; j < n; j++)
+        m = logit[j] > m ? logit[j] : m;
+    exps(logit, n, m);                                      /* now the weights */
     float l = 0.0f;
-    for (j = 0; j < n; j++) {
-        logit[j] = i8a_exp_scalar(logit[j] - m);            /* now the weights */
+    for (size_t j = 0; j < n; j++) {
         l = l + logit[j];
+        logit[j] = logit[j] * w->v_scale[j];                /* the weights of the halves */
     }
-    for (size_t i = 0; i < d; i += I8A_SUM_LANES) {        /* 16 dims at a time, in registers */
-        float acc[I8A_SUM_LANES] = {0.0f};
-        for (j = 0; j < n; j++) {
-            const float w = logit[j], *vr = v[j] + i;
-            for (size_t t = 0; t < I8A_SUM_LANES; t++)
-                acc[t] = acc[t] + w * vr[t];
-        }
-        for (size_t t = 0; t < I8A_SUM_LANES; t++)
-            o[i + t] = acc[t];
-    }
+    vsum(logit, w->v, n, d, o);
     *m_out = m;
     *l_out = l;
 }

@@ -77,14 +77,29 @@ typedef void (*i8a_attend_fn)(const i8a_query *q, const i8a_span *kv, float *scr
  * b = exp(cm - m). d a multiple of 16, at most I8A_MAX_HEAD_DIM. */
 typedef void (*i8a_merge_fn)(const i8a_state *run, const i8a_state *chunk, size_t d);
 
-/* The state of one query row over the recent window's float rows (the contract's recent-window
- * step, i8a_attend_float_body in common.h): q [d] the query times the softmax scale, k[j] and
- * v[j] (j < n) the rows of the visible positions in position order, cap > 0 the soft cap (0:
- * off). Writes *m, *l, o [d], and logit [n] as scratch. 1 <= n, d a multiple of 16, at most
- * I8A_MAX_HEAD_DIM; o must not overlap the rows. */
-typedef void (*i8a_attend_float_fn)(const float *q, const float *const *k, const float *const *v,
-                                    size_t n, size_t d, float cap, float *logit, float *m,
-                                    float *l, float *o);
+/* The recent window's rows as attend_float reads them: n rows [d] of IEEE halves (k[j], v[j],
+ * in position order) and each row's scale, a power of two (k_scale[j], v_scale[j]): the row is
+ * h * scale. */
+typedef struct {
+    const uint16_t *const *k, *const *v;
+    const float *k_scale, *v_scale;
+    size_t n;
+} i8a_float_rows;
+
+/* The state of one query row over the recent window's rows (the contract's recent-window step,
+ * i8a_attend_float_body in common.h): q [d] the query times the softmax scale, w the visible
+ * positions' rows, cap > 0 the soft cap (0: off). Writes *m, *l, o [d], and logit [n] as
+ * scratch. 1 <= w->n, d a multiple of 16, at most I8A_MAX_HEAD_DIM; o must not overlap the
+ * rows. */
+typedef void (*i8a_attend_float_fn)(const float *q, const i8a_float_rows *w, size_t d, float cap,
+                                    float *logit, float *m, float *l, float *o);
+
+/* Row x [d] (finite, |x| <= 2^64, d a multiple of 16) as the recent window keeps it: halves h
+ * [d] and the returned scale 2^e, e the exponent that puts the largest rounded |h| in [2^14,
+ * 2^15) (i8a_half_exponent; 0 for a zero row), h the halves nearest x / 2^e (ties to even). The
+ * row is then h * 2^e to 11 significant bits, and a row that already is h * 2^e gives back h and
+ * 2^e. Every tier returns the same bits (IEEE rounding in hardware or in i8a_half_bits). */
+typedef float (*i8a_half_row_fn)(const float *x, size_t d, uint16_t *h);
 
 /* The cache's rotation (common.h) of the row x [d] into y [d]: d a multiple of 16, sign [d] of
  * +-1; y may be x (in place), otherwise the two must not overlap. */
@@ -98,6 +113,7 @@ typedef struct {
     i8a_merge_fn merge;
     i8a_rotate_fn rotate;
     i8a_attend_float_fn attend_float;
+    i8a_half_row_fn half_row;
 } i8a_kernels;
 
 /* XOR-fold of every byte of p[0 .. bytes): reads memory as fast as the tier can stream it (the

@@ -390,11 +390,98 @@ i8a_rot_groups_neon(const float *in, size_t d, const float *sign, int inverse, i
     }
 }
 
-static void i8a_attend_float_neon(const float *q, const float *const *k,
-                                  const float *const *v, size_t n, size_t d, float cap,
-                                  float *logit, float *m, float *l, float *o)
+/* A row into the window's halves (dispatch.h): the largest |x| by vector max (exact in any
+ * order), then fcvtn, IEEE nearest-even (FPCR's default mode) like i8a_half_bits. */
+static float i8a_half_row_neon(const float *x, size_t d, uint16_t *h)
 {
-    i8a_attend_float_body(q, k, v, n, d, cap, logit, m, l, o);
+    float32x4_t most = vdupq_n_f32(0.0f);
+    for (size_t i = 0; i < d; i += 4)
+        most = vmaxq_f32(most, vabsq_f32(vld1q_f32(x + i)));
+    const float top = vmaxvq_f32(most);
+    if (top == 0.0f) {
+        memset(h, 0, d * sizeof(uint16_t));
+        return 1.0f;
+    }
+    const int e = i8a_half_exponent(top);
+    const float32x4_t down = vdupq_n_f32(ldexpf(1.0f, -e));
+    for (size_t i = 0; i < d; i += 4)
+        vst1_u16(h + i, vreinterpret_u16_f16(vcvt_f16_f32(vmulq_f32(vld1q_f32(x + i), down))));
+    return ldexpf(1.0f, e);
+}
+
+/* The recent window's two loops (common.h's order), halves widened by fcvtl (exact); a lane
+ * sum of 16 is four vectors of 4 lanes. */
+static inline float32x4_t i8a_halves4_neon(const uint16_t *h)
+{
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h)));
+}
+
+static void i8a_dots4_neon(const float *q, const uint16_t *const *k, size_t d, float *dot)
+{
+    float32x4_t a[4][4];
+    for (int b = 0; b < 4; b++)
+        for (int r = 0; r < 4; r++)
+            a[b][r] = vdupq_n_f32(0.0f);
+    for (size_t i = 0; i < d; i += 16) {
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const float32x4_t qv = vld1q_f32(q + i + 4 * r);
+#pragma GCC unroll 4
+            for (int b = 0; b < 4; b++)
+                a[b][r] = vaddq_f32(a[b][r], vmulq_f32(qv, i8a_halves4_neon(k[b] + i + 4 * r)));
+        }
+    }
+    for (int b = 0; b < 4; b++) {         /* i8a_fold16 in registers: + 8, + 4, + 2, + 1 */
+        const float32x4_t h8a = vaddq_f32(a[b][0], a[b][2]), h8b = vaddq_f32(a[b][1], a[b][3]);
+        const float32x4_t h4 = vaddq_f32(h8a, h8b);
+        const float32x2_t h2 = vadd_f32(vget_low_f32(h4), vget_high_f32(h4));
+        dot[b] = vget_lane_f32(h2, 0) + vget_lane_f32(h2, 1);
+    }
+}
+
+static void i8a_exps_neon(float *x, size_t n, float m)
+{
+    const float32x4_t vm = vdupq_n_f32(m);
+    size_t j = 0;
+    for (; j + 4 <= n; j += 4)
+        vst1q_f32(x + j, i8a_exp4_neon(vsubq_f32(vld1q_f32(x + j), vm)));
+    for (; j < n; j++)
+        x[j] = i8a_exp_scalar(x[j] - m);
+}
+
+/* o[i .. i + 4 nb) of the V sum: nb vectors, one chain each, side by side. */
+I8A_INLINE void i8a_vsum_part_neon(const float *w, const uint16_t *const *v, size_t n, size_t i,
+                                   int nb, float *o)
+{
+    float32x4_t acc[16];
+#pragma GCC unroll 16
+    for (int b = 0; b < nb; b++)
+        acc[b] = vdupq_n_f32(0.0f);
+    for (size_t j = 0; j < n; j++) {
+        const float32x4_t wj = vdupq_n_f32(w[j]);
+#pragma GCC unroll 16
+        for (int b = 0; b < nb; b++)
+            acc[b] = vaddq_f32(acc[b], vmulq_f32(wj, i8a_halves4_neon(v[j] + i + 4 * b)));
+    }
+#pragma GCC unroll 16
+    for (int b = 0; b < nb; b++)
+        vst1q_f32(o + i + 4 * b, acc[b]);
+}
+
+static void i8a_vsum_neon(const float *w, const uint16_t *const *v, size_t n, size_t d, float *o)
+{
+    size_t i = 0;
+    for (; i + 64 <= d; i += 64)
+        i8a_vsum_part_neon(w, v, n, i, 16, o);
+    for (; i < d; i += 16)
+        i8a_vsum_part_neon(w, v, n, i, 4, o);
+}
+
+static void i8a_attend_float_neon(const float *q, const i8a_float_rows *w, size_t d,
+                                  float cap, float *logit, float *m, float *l, float *o)
+{
+    i8a_attend_float_body(q, w, d, cap, logit, m, l, o, i8a_dots4_neon, i8a_exps_neon,
+                          i8a_vsum_neon);
 }
 
 static void i8a_rotate_neon(const float *in, size_t d, const float *sign, int inverse, float *x)

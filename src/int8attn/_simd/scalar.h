@@ -84,14 +84,19 @@ static uint64_t i8a_stream_scalar(const void *p, size_t bytes, const void *next)
     return i8a_fold_tail((const unsigned char *)p, bytes);
 }
 
-/* The rotation: the body of common.h, compiled per tier (each tier's ISA vectorizes it). */
-static void i8a_attend_float_scalar(const float *q, const float *const *k,
-                                    const float *const *v, size_t n, size_t d, float cap,
-                                    float *logit, float *m, float *l, float *o)
+static void i8a_attend_float_scalar(const float *q, const i8a_float_rows *w, size_t d,
+                                    float cap, float *logit, float *m, float *l, float *o)
 {
-    i8a_attend_float_body(q, k, v, n, d, cap, logit, m, l, o);
+    i8a_attend_float_body(q, w, d, cap, logit, m, l, o, i8a_dots4_scalar, i8a_exps_scalar,
+                          i8a_vsum_scalar);
 }
 
+static float i8a_half_row_scalar(const float *x, size_t d, uint16_t *h)
+{
+    return i8a_half_row_body(x, d, h);
+}
+
+/* The rotation: the body of common.h, compiled per tier (each tier's ISA vectorizes it). */
 static void i8a_rotate_scalar(const float *x, size_t d, const float *sign, int inverse, float *y)
 {
     i8a_rotate_body(x, d, sign, inverse, y);
