@@ -55,13 +55,19 @@ static size_t slot_of(const i8a_cache *c, size_t pos)
     return (pos + c->ring_shift) % c->ring;
 }
 
+/* Halves h [d] times their row's scale into y [d] (exact). */
+static void widen(const uint16_t *h, float scale, size_t d, float *y)
+{
+    for (size_t i = 0; i < d; i++)
+        y[i] = i8a_half_value(h[i]) * scale;
+}
+
 /* Row `slot` of kv head g of one side of the ring (halves h, scales s) as floats into y [d]. */
 static void widen_row(const i8a_cache *c, const uint16_t *h, const float *s, size_t g,
                       size_t slot, float *y)
 {
     const size_t at = g * c->ring + slot;
-    for (size_t i = 0; i < c->head_dim; i++)
-        y[i] = i8a_half_value(h[at * c->head_dim + i]) * s[at];
+    widen(h + at * c->head_dim, s[at], c->head_dim, y);
 }
 
 /* Where the rows of one side (K or V) of a position are during an append: the append's own
@@ -92,9 +98,7 @@ static const float *row_at(const row_source *src, size_t pos, size_t g, float *t
     if (!c->recent || pos == 0 || pos > c->recent)
         return x;
     uint16_t h[I8A_MAX_HEAD_DIM];
-    const float scale = src->kt->half_row(x, d, h);
-    for (size_t i = 0; i < d; i++)
-        tmp[i] = i8a_half_value(h[i]) * scale;
+    widen(h, src->kt->half_row(x, d, h), d, tmp);
     return tmp;
 }
 
@@ -719,6 +723,22 @@ static void window_item(const decode_job *job, size_t g)
     }
 }
 
+/* Fold the state st of one query row into its running state run: the first state it has
+ * (*started == 0) is copied, later ones merged; m = -inf: the row saw nothing there. */
+static void fold_state(const decode_job *job, const i8a_state *run, const i8a_state *st,
+                       int *started)
+{
+    if (st->m[0] == -INFINITY)
+        return;
+    if (*started) {
+        job->kt->merge(run, st, job->c->head_dim);
+        return;
+    }
+    run->m[0] = st->m[0], run->l[0] = st->l[0];
+    memcpy(run->o, st->o, job->c->head_dim * sizeof(float));
+    *started = 1;
+}
+
 /* All items of kv head g are done: per query row, fold the states it has in position order
  * (position 0 from its float row, chunks, and within a chunk the sinks before the window, then
  * the recent window), normalize into out, add the V offset when the row saw coded positions (so
@@ -747,25 +767,12 @@ static void finish_head(const decode_job *job, size_t g)
         for (size_t vi = 0; vi < job->L.nvis; vi++) {
             for (size_t part = 0; part < job->L.parts; part++) {
                 const i8a_state st = state_at(job, g, vi, part, r);
-                if (st.m[0] == -INFINITY)
-                    continue;                               /* the row saw nothing here */
-                if (!started) {
-                    rm[r] = st.m[0], rl[r] = st.l[0];
-                    memcpy(o, st.o, d * sizeof(float));
-                    started = 1;
-                } else {
-                    job->kt->merge(&run, &st, d);
-                }
+                fold_state(job, &run, &st, &started);
             }
         }
         if (c->recent) {
             const i8a_state win = window_at(job, g, r);
-            if (win.m[0] != -INFINITY && !started) {    /* (a window's logits are finite) */
-                rm[r] = win.m[0], rl[r] = win.l[0];
-                memcpy(o, win.o, d * sizeof(float));
-            } else if (win.m[0] != -INFINITY) {
-                job->kt->merge(&run, &win, d);
-            }
+            fold_state(job, &run, &win, &started);
         }
         const float inv = 1.0f / rl[r];
         for (size_t i = 0; i < d; i++)

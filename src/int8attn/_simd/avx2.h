@@ -164,6 +164,17 @@ static inline __m256 i8a_softcap8_avx2(__m256 l, float cap, float inv_cap)
 
 /* p[s] = exp(p[s] - m) for s < n (in place, padding to a multiple of 16 left as zeros);
  * returns the 16-lane sum of common.h. */
+/* The 16 lane sums of (lo: lanes 0-7, hi: lanes 8-15) folded into one: lanes i + 8, then
+ * i + 4, i + 2, i + 1 (the halving order of i8a_reduce_lanes). */
+static inline float i8a_fold16_avx2(__m256 lo, __m256 hi)
+{
+    const __m256 t = _mm256_add_ps(lo, hi);
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
+    return _mm_cvtss_f32(x);
+}
+
 static inline float i8a_softmax_avx2(float *p, size_t n, float m)
 {
     const __m256 vm = _mm256_set1_ps(m);
@@ -179,12 +190,7 @@ static inline float i8a_softmax_avx2(float *p, size_t n, float m)
         s0 = _mm256_add_ps(s0, p0);
         s1 = _mm256_add_ps(s1, p1);
     }
-    /* lanes i + 8, then i + 4, i + 2, i + 1: the halving order of i8a_reduce_lanes */
-    __m256 t = _mm256_add_ps(s0, s1);
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
-    return _mm_cvtss_f32(x);
+    return i8a_fold16_avx2(s0, s1);
 }
 
 /* Four row sums of four int32 accumulators: lane r of the result is the sum of acc r. */
@@ -505,12 +511,8 @@ static void i8a_dots4_avx2(const float *q, const uint16_t *const *k, size_t d, f
             hi[b] = _mm256_add_ps(hi[b], _mm256_mul_ps(q1, i8a_halves8_avx2(k[b] + i + 8)));
         }
     }
-    for (int b = 0; b < 4; b++) {         /* i8a_fold16 in registers: + 8, + 4, + 2, + 1 */
-        const __m256 h8 = _mm256_add_ps(lo[b], hi[b]);
-        const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
-        const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
-        dot[b] = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
-    }
+    for (int b = 0; b < 4; b++)
+        dot[b] = i8a_fold16_avx2(lo[b], hi[b]);
 }
 
 static void i8a_exps_avx2(float *x, size_t n, float m)

@@ -212,6 +212,18 @@ static inline float i8a_logits_avx512_vnni(const int32_t *dh, const int32_t *dl,
 
 /* p[s] = exp(p[s] - m) * vs[s] for s < n (zeros up to a multiple of 16); returns the 16-lane
  * sum of the exps (common.h): one accumulator is exactly the sixteen lanes. */
+/* The 16 lane sums of v folded into one: lanes i + 8, then i + 4, i + 2, i + 1 (the halving
+ * order of i8a_reduce_lanes). */
+static inline float i8a_fold16_avx512_vnni(__m512 v)
+{
+    const __m256 t = _mm256_add_ps(_mm512_castps512_ps256(v),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
+    return _mm_cvtss_f32(x);
+}
+
 static inline float i8a_softmax_avx512_vnni(float *p, const float *vs, size_t n, float m)
 {
     const __m512 vm = _mm512_set1_ps(m);
@@ -222,13 +234,7 @@ static inline float i8a_softmax_avx512_vnni(float *p, const float *vs, size_t n,
         acc = _mm512_add_ps(acc, e);
         _mm512_store_ps(p + s, _mm512_mul_ps(e, _mm512_maskz_loadu_ps(live, vs + s)));
     }
-    /* lanes i + 8, then i + 4, i + 2, i + 1: the halving order of i8a_reduce_lanes */
-    __m256 t = _mm256_add_ps(_mm512_castps512_ps256(acc),
-                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
-    return _mm_cvtss_f32(x);
+    return i8a_fold16_avx512_vnni(acc);
 }
 
 /* V codes to floats without the shuffle unit (vpmovsxbd is the bottleneck of the V pass on
@@ -487,14 +493,8 @@ static void i8a_dots4_avx512_vnni(const float *q, const uint16_t *const *k, size
         for (int b = 0; b < 4; b++)
             a[b] = _mm512_add_ps(a[b], _mm512_mul_ps(qv, i8a_halves16_avx512_vnni(k[b] + i)));
     }
-    for (int b = 0; b < 4; b++) {         /* i8a_fold16 in registers: + 8, + 4, + 2, + 1 */
-        const __m256 lo = _mm512_castps512_ps256(a[b]);
-        const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[b]), 1));
-        const __m256 h8 = _mm256_add_ps(lo, hi);
-        const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
-        const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
-        dot[b] = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
-    }
+    for (int b = 0; b < 4; b++)
+        dot[b] = i8a_fold16_avx512_vnni(a[b]);
 }
 
 static void i8a_exps_avx512_vnni(float *x, size_t n, float m)

@@ -266,22 +266,9 @@ static inline float i8a_half_value(uint16_t h)
     return x;
 }
 
-/* The fold of 16 lane sums into one: lane i + lane i + 8, then + 4, + 2, + 1 (the halving
- * order of i8a_reduce_lanes, with constant widths). */
-static inline float i8a_fold16(const float lane[16])
-{
-    float a[8], b[4];
-    for (int i = 0; i < 8; i++)
-        a[i] = lane[i] + lane[i + 8];
-    for (int i = 0; i < 4; i++)
-        b[i] = a[i] + a[i + 4];
-    const float c0 = b[0] + b[2], c1 = b[1] + b[3];
-    return c0 + c1;
-}
-
 /* A tier's three loops of the recent window, in the order every tier keeps (multiply, then
  * add: no fma). i8a_dots4_fn: dot[b] = q . k[b] for 4 rows of halves: 16 lane sums (element i
- * to lane i mod 16, each lane in index order), folded by i8a_fold16's steps. i8a_exps_fn: x[j]
+ * to lane i mod 16, each lane in index order), folded by i8a_reduce_lanes. i8a_exps_fn: x[j]
  * = exp(x[j] - m) for j < n, the operations of i8a_exp_scalar. i8a_vsum_fn: o[i] = the sum over
  * j < n of w[j] * v[j][i], in position order for every i. d a multiple of 16. */
 typedef void (*i8a_dots4_fn)(const float *q, const uint16_t *const *k, size_t d, float *dot);
@@ -294,11 +281,11 @@ static inline void i8a_dots4_scalar(const float *q, const uint16_t *const *k, si
                                     float *dot)
 {
     for (size_t b = 0; b < 4; b++) {
-        float lane[16] = {0.0f};
-        for (size_t i = 0; i < d; i += 16)
-            for (size_t t = 0; t < 16; t++)
+        float lane[I8A_SUM_LANES] = {0.0f};
+        for (size_t i = 0; i < d; i += I8A_SUM_LANES)
+            for (size_t t = 0; t < I8A_SUM_LANES; t++)
                 lane[t] = lane[t] + q[i + t] * i8a_half_value(k[b][i + t]);
-        dot[b] = i8a_fold16(lane);
+        dot[b] = i8a_reduce_lanes(lane);
     }
 }
 

@@ -127,6 +127,15 @@ I8A_INLINE float32x4_t i8a_softcap4_neon(float32x4_t l, float cap, float inv_cap
     return vmulq_n_f32(vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(t), sign)), cap);
 }
 
+/* The 16 lane sums of a[0..3] (lanes 4r .. 4r + 3 in a[r]) folded into one: lanes i + 8, then
+ * i + 4, i + 2, i + 1 (the halving order of i8a_reduce_lanes). */
+I8A_INLINE float i8a_fold16_neon(const float32x4_t a[4])
+{
+    const float32x4_t h = vaddq_f32(vaddq_f32(a[0], a[2]), vaddq_f32(a[1], a[3]));
+    const float32x2_t t = vadd_f32(vget_low_f32(h), vget_high_f32(h));
+    return vget_lane_f32(t, 0) + vget_lane_f32(t, 1);
+}
+
 /* p[s] = exp(p[s] - m) for s < n (in place, padding to a multiple of 16 left as zeros);
  * returns the 16-lane sum of common.h. */
 I8A_INLINE float i8a_softmax_neon(float *p, size_t n, float m)
@@ -143,10 +152,7 @@ I8A_INLINE float i8a_softmax_neon(float *p, size_t n, float m)
             acc[b] = vaddq_f32(acc[b], e);
         }
     }
-    /* lanes i + 8, then i + 4, i + 2, i + 1: the halving order of i8a_reduce_lanes */
-    float32x4_t h = vaddq_f32(vaddq_f32(acc[0], acc[2]), vaddq_f32(acc[1], acc[3]));
-    float32x2_t t = vadd_f32(vget_low_f32(h), vget_high_f32(h));
-    return vget_lane_f32(t, 0) + vget_lane_f32(t, 1);
+    return i8a_fold16_neon(acc);
 }
 
 /* Exact dots of every query head's planes with rows [0, n) of the chunk, four rows at a time
@@ -431,12 +437,8 @@ static void i8a_dots4_neon(const float *q, const uint16_t *const *k, size_t d, f
                 a[b][r] = vaddq_f32(a[b][r], vmulq_f32(qv, i8a_halves4_neon(k[b] + i + 4 * r)));
         }
     }
-    for (int b = 0; b < 4; b++) {         /* i8a_fold16 in registers: + 8, + 4, + 2, + 1 */
-        const float32x4_t h8a = vaddq_f32(a[b][0], a[b][2]), h8b = vaddq_f32(a[b][1], a[b][3]);
-        const float32x4_t h4 = vaddq_f32(h8a, h8b);
-        const float32x2_t h2 = vadd_f32(vget_low_f32(h4), vget_high_f32(h4));
-        dot[b] = vget_lane_f32(h2, 0) + vget_lane_f32(h2, 1);
-    }
+    for (int b = 0; b < 4; b++)
+        dot[b] = i8a_fold16_neon(a[b]);
 }
 
 static void i8a_exps_neon(float *x, size_t n, float m)
