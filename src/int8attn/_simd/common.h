@@ -342,6 +342,25 @@ static inline float i8a_half_row_body(const float *x, size_t d, uint16_t *h)
     return ldexpf(1.0f, e);
 }
 
+/* The largest of x[0 .. n), n >= 1, none NaN: eight running maxima side by side (a max is
+ * exact, so any order gives the same value; one chain of n dependent compares was a tenth of
+ * the window's time). */
+static inline float i8a_max_of(const float *x, size_t n)
+{
+    float part[8];
+    for (size_t b = 0; b < 8; b++)
+        part[b] = x[0];
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (size_t b = 0; b < 8; b++)
+            part[b] = x[j + b] > part[b] ? x[j + b] : part[b];
+    for (; j < n; j++)
+        part[0] = x[j] > part[0] ? x[j] : part[0];
+    for (size_t b = 1; b < 8; b++)
+        part[0] = part[b] > part[0] ? part[b] : part[0];
+    return part[0];
+}
+
 /* The recent window's state of one query row (i8a_attend_float_fn), the same source in every
  * tier around the tier's three loops: logit = (q . h[j]) * k_scale[j] (dots4; the last n % 4
  * rows go through it with their first row repeated, the extra dots unused), soft-capped when
@@ -365,15 +384,13 @@ I8A_INLINE void i8a_attend_float_body(const float *q, const i8a_float_rows *w, s
     if (cap > 0.0f)
         for (size_t j = 0; j < n; j++)
             logit[j] = i8a_softcap(logit[j], cap, 1.0f / cap);
-    float m = -INFINITY;
-    for (size_t j = 0; j < n; j++)
-        m = logit[j] > m ? logit[j] : m;
+    const float m = i8a_max_of(logit, n);
     exps(logit, n, m);                                      /* now the weights */
     float l = 0.0f;
-    for (size_t j = 0; j < n; j++) {
+    for (size_t j = 0; j < n; j++)
         l = l + logit[j];
+    for (size_t j = 0; j < n; j++)
         logit[j] = logit[j] * w->v_scale[j];                /* the weights of the halves */
-    }
     vsum(logit, w->v, n, d, o);
     *m_out = m;
     *l_out = l;
