@@ -162,8 +162,6 @@ static inline __m256 i8a_softcap8_avx2(__m256 l, float cap, float inv_cap)
     return _mm256_mul_ps(_mm256_set1_ps(cap), _mm256_or_ps(t, _mm256_and_ps(u, sign)));
 }
 
-/* p[s] = exp(p[s] - m) for s < n (in place, padding to a multiple of 16 left as zeros);
- * returns the 16-lane sum of common.h. */
 /* The 16 lane sums of (lo: lanes 0-7, hi: lanes 8-15) folded into one: lanes i + 8, then
  * i + 4, i + 2, i + 1 (the halving order of i8a_reduce_lanes). */
 static inline float i8a_fold16_avx2(__m256 lo, __m256 hi)
@@ -175,6 +173,8 @@ static inline float i8a_fold16_avx2(__m256 lo, __m256 hi)
     return _mm_cvtss_f32(x);
 }
 
+/* p[s] = exp(p[s] - m) for s < n (in place, padding to a multiple of 16 left as zeros);
+ * returns the 16-lane sum of common.h. */
 static inline float i8a_softmax_avx2(float *p, size_t n, float m)
 {
     const __m256 vm = _mm256_set1_ps(m);

@@ -210,8 +210,6 @@ static inline float i8a_logits_avx512_vnni(const int32_t *dh, const int32_t *dl,
     return _mm512_reduce_max_ps(vmax);
 }
 
-/* p[s] = exp(p[s] - m) * vs[s] for s < n (zeros up to a multiple of 16); returns the 16-lane
- * sum of the exps (common.h): one accumulator is exactly the sixteen lanes. */
 /* The 16 lane sums of v folded into one: lanes i + 8, then i + 4, i + 2, i + 1 (the halving
  * order of i8a_reduce_lanes). */
 static inline float i8a_fold16_avx512_vnni(__m512 v)
@@ -224,6 +222,8 @@ static inline float i8a_fold16_avx512_vnni(__m512 v)
     return _mm_cvtss_f32(x);
 }
 
+/* p[s] = exp(p[s] - m) * vs[s] for s < n (zeros up to a multiple of 16); returns the 16-lane
+ * sum of the exps (common.h): one accumulator is exactly the sixteen lanes. */
 static inline float i8a_softmax_avx512_vnni(float *p, const float *vs, size_t n, float m)
 {
     const __m512 vm = _mm512_set1_ps(m);
