@@ -24,7 +24,6 @@ its data in L1, for comparing kernels, not a prediction of wall time.
 """
 
 import argparse
-import collections
 import os
 import re
 import shutil
@@ -222,7 +221,7 @@ def main(argv=None):
         print(f"\n{label}")
         print(f"  {'tier':<13} {'pass':<9} {'cycles/iter':>12} {'H = Hkv':>9} {'GQA 4':>9}")
         for tier in tiers:
-            totals = collections.Counter()
+            total_one = total_four = 0.0
             for name, fn, marker, expect, one, four in PASSES[tier] + PASSES["shared"]:
                 fn1, fn4 = fn if isinstance(fn, tuple) else (fn, fn)
                 cycles = []
@@ -230,11 +229,11 @@ def main(argv=None):
                     keep = os.path.join(args.asm, f"{cpu}-{f}.s") if args.asm else None
                     cycles.append(mca(llvm_mca, cpu, the_loop(fns, f, marker, expect), keep))
                 row = (one(cycles[0]), four(cycles[1]))
-                totals.update({"one": row[0], "four": row[1]})
+                total_one, total_four = total_one + row[0], total_four + row[1]
                 per_iter = (f"{cycles[0]:.1f}" if fn1 == fn4
                             else f"{cycles[0]:.1f} / {cycles[1]:.1f}")
                 print(f"  {tier:<13} {name:<9} {per_iter:>12} {row[0]:>9.1f} {row[1]:>9.1f}")
-            print(f"  {tier:<13} {'total':<9} {'':>12} {totals['one']:>9.1f} {totals['four']:>9.1f}")
+            print(f"  {tier:<13} {'total':<9} {'':>12} {total_one:>9.1f} {total_four:>9.1f}")
     return 0
 
 
