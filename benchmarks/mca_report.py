@@ -14,7 +14,9 @@ steady state (200 iterations, every load an L1 hit), become cycles per K/V row o
 kv head read by one query head (H = Hkv) or by four (GQA 4):
 
     K dots      4 rows, both q planes, 16 dims per iteration: cycles * 128/16 / 4 per row and head
-    V sums      one token; 1 head: 64 dims per iteration (128/64 blocks), 4 heads: 16 (128/16)
+    V sums      one tile (4 tokens), both P planes; dotprod: 1 head x 32 dims or 4 heads x 8,
+                neon: 1 head x 16 dims or 4 heads x 4 per iteration
+    P planes    16 weights per iteration, per query head
     logits      4 tokens per iteration, per query head
     softmax     16 tokens per iteration, per query head
 
@@ -52,16 +54,29 @@ DOTPROD void mca_k_neon_dotprod(const i8a_query *q, const i8a_span *kv, int32_t 
     i8a_kdots_with_neon(i8a_dot16_neon_dotprod, q, kv, dh, dl);
 }
 
-void mca_v1(const float *w, const int8_t *v, size_t n, size_t d, float *o, const int8_t *pf,
-            size_t pf_n)
+void mca_v1_neon(float *scratch, size_t nq, const i8a_span *kv, size_t d, float *o)
 {
-    i8a_v_group_neon(w, 1, v, n, d, o, pf, pf_n);
+    i8a_vtiles_group_neon(i8a_vdot_neon, 1, scratch, nq, 0, 1, kv, d, o, 0);
 }
 
-void mca_v4(const float *w, const int8_t *v, size_t n, size_t d, float *o, const int8_t *pf,
-            size_t pf_n)
+void mca_v4_neon(float *scratch, size_t nq, const i8a_span *kv, size_t d, float *o)
 {
-    i8a_v_group_neon(w, 4, v, n, d, o, pf, pf_n);
+    i8a_vtiles_group_neon(i8a_vdot_neon, 1, scratch, nq, 0, 4, kv, d, o, 0);
+}
+
+DOTPROD void mca_v1_neon_dotprod(float *scratch, size_t nq, const i8a_span *kv, size_t d, float *o)
+{
+    i8a_vtiles_group_neon(i8a_vdot_neon_dotprod, 0, scratch, nq, 0, 1, kv, d, o, 0);
+}
+
+DOTPROD void mca_v4_neon_dotprod(float *scratch, size_t nq, const i8a_span *kv, size_t d, float *o)
+{
+    i8a_vtiles_group_neon(i8a_vdot_neon_dotprod, 0, scratch, nq, 0, 4, kv, d, o, 0);
+}
+
+void mca_planes(const float *w, size_t n, size_t lead, uint8_t *slot)
+{
+    i8a_planes_neon(w, n, lead, slot);
 }
 
 float mca_logits(const int32_t *dh, const int32_t *dl, float c_hi, float c_lo, float bias,
@@ -84,14 +99,18 @@ PASSES = {
     "neon": [
         ("K dots", "mca_k_neon", "sadalp", 8,            # 4 rows x 2 planes, 16 dims
          lambda c: c * D / 16 / 4, lambda c: 4 * c * D / 16 / 4),
-    ],
+        ("V sums", ("mca_v1_neon", "mca_v4_neon"), "sadalp", 16,   # a tile of 4 tokens x 2
+         lambda c: c * D / 16 / 4, lambda c: c * D / 4 / 4),       # planes: 1 head x 16 dims,
+    ],                                                             # 4 heads x 4 dims
     "neon_dotprod": [
         ("K dots", "mca_k_neon_dotprod", "sdot", 8,
          lambda c: c * D / 16 / 4, lambda c: 4 * c * D / 16 / 4),
-    ],
+        ("V sums", ("mca_v1_neon_dotprod", "mca_v4_neon_dotprod"), "sdot", 16,   # a tile x 2
+         lambda c: c * D / 32 / 4, lambda c: c * D / 8 / 4),       # planes: 1 head x 32 dims,
+    ],                                                             # 4 heads x 8 dims
     "shared": [
-        ("V sums", ("mca_v1", "mca_v4"), "fmla", 16,     # 1 head x 64 dims, 4 heads x 16 dims
-         lambda c: c * D / 64, lambda c: c * D / 16),
+        ("P planes", "mca_planes", "frintm", 4,          # 16 weights, per query head
+         lambda c: c / 16, lambda c: 4 * c / 16),
         ("logits", "mca_logits", "scvtf", 2,             # 4 tokens, both planes
          lambda c: c / 4, lambda c: 4 * c / 4),
         ("softmax", "mca_softmax", "fmla", 36,           # 16 tokens, 9 per 4-lane exp

@@ -41,6 +41,9 @@ def test_properties_and_nbytes():
     assert ia.Int8KVCache(3, 100, 48, center=True, recent=0).nbytes == base + 4 * 3 * 48 * 4
     assert ia.Int8KVCache(3, 1000, 48, recent=16, center=False).nbytes == (
         10 * base + 2 * 3 * 48 * 4 + 2 * 32 * 3 * (48 * 2 + 4))
+    # V's codes sit in tiles of 4 positions: max_seq rounded up to a multiple of 4
+    assert ia.Int8KVCache(3, 101, 48, keep_first=False, recent=0).nbytes == (
+        3 * 101 * 48 + 3 * 104 * 48 + 2 * 3 * 101 * 4)
     assert "holding 0 tokens" in repr(cache)
 
 
@@ -82,10 +85,29 @@ def test_views_layout_and_dequantize():
     assert np.all(np.abs(vd - v) <= scales[..., None] * 0.5001)
 
 
+@pytest.mark.parametrize("length", [1, 21, 48])
+def test_v_codes_sit_in_tiles_of_four_positions_and_v_i8_copies_them(length):
+    """Byte r of dimension i of V tile t is position 4 t + r; v_i8 gathers the rows back, as a
+    read-only copy that later appends and resets leave alone."""
+    rng = np.random.default_rng(length)
+    cache, _, v = filled_cache(rng, 3, 32, length, cap=50, rotate=False, keep_first=False, recent=0)
+    tiles = cache._v_tiles()
+    assert tiles.shape == (3, 13, 32, 4) and not tiles.flags.writeable
+    rows = cache.v_i8
+    np.testing.assert_array_equal(rows, R.quantize_rows(v)[0].transpose(1, 0, 2))
+    for p in range(length):
+        np.testing.assert_array_equal(tiles[:, p // 4, :, p % 4], rows[:, p])
+    before = rows.copy()
+    cache.reset()
+    cache.append(*make_kv(rng, length, 3, 32))
+    np.testing.assert_array_equal(rows, before)
+    assert not rows.flags.writeable
+
+
 def test_views_are_read_only_and_not_copies():
     rng = np.random.default_rng(4)
     cache, _, _ = filled_cache(rng, 2, 16, 10, cap=20)
-    for name in ("k_i8", "v_i8", "k_scale", "v_scale"):
+    for name in ("k_i8", "v_i8", "k_scale", "v_scale"):     # (v_i8: a copy, read-only too)
         view = getattr(cache, name)
         assert not view.flags.writeable
         with pytest.raises(ValueError):
@@ -277,7 +299,7 @@ def test_buffers_start_on_a_cache_line_and_outlive_the_cache():
     line), and a view taken from a cache keeps its memory after the cache is gone."""
     for shape in ((1, 1, 16), (3, 1000, 80), (8, 8192, 128)):
         cache = ia.Int8KVCache(*shape)
-        for view in (cache.k_i8, cache.v_i8, cache.k_scale, cache.v_scale):
+        for view in (cache.k_i8, cache._v_tiles(), cache.k_scale, cache.v_scale):
             assert view.__array_interface__["data"][0] % 64 == 0
     cache = ia.Int8KVCache(2, 4, 16)
     cache.append(np.ones((4, 2, 16)), np.ones((4, 2, 16)))

@@ -78,23 +78,47 @@ def test_attend_dots_are_exact(tier, d, two_planes):
 
 
 @pytest.mark.parametrize("n", [1, 3, 4, 5, 17, 255, 256])
-def test_attend_softmax_and_v_sum(tier, n):
-    """The chunk's l and o against float64: l = sum exp(logit - m), o = sum p v_scale v."""
+@pytest.mark.parametrize("lead", [0, 1, 3])
+def test_attend_softmax_and_v_sum(tier, n, lead):
+    """The chunk's l and o against float64: l = sum exp(logit - m), o = sum w v with the weights
+    w = p v_scale in their two integer planes (each within 1/32258 of the largest weight), V
+    read from slot `lead` of its first tile (the other slots hold -127, with weight 0)."""
     rng = np.random.default_rng(n)
     d = 80
-    q_hi = rng.integers(-5, 6, size=(2, d), dtype=np.int8)
+    q_hi = rng.integers(-5, 6, size=(3, d), dtype=np.int8)
     k = rng.integers(-127, 128, size=(n, d), dtype=np.int8)
     v = rng.integers(-127, 128, size=(n, d), dtype=np.int8)
     v_scale = rng.uniform(0.01, 0.1, n).astype(np.float32)
-    logits = (k.astype(np.int64) @ q_hi.astype(np.int64).T).T.astype(np.float64) / 64  # [2, n]
-    m2, l2, o2 = _cache._attend(q_hi, q_hi, np.full(2, 1 / 64, np.float32), np.zeros(2, np.float32),
-                                k, np.ones(n, np.float32), v, v_scale, np.zeros(2, np.float32),
-                                two_planes=False)
+    logits = (k.astype(np.int64) @ q_hi.astype(np.int64).T).T.astype(np.float64) / 64  # [3, n]
+    m2, l2, o2 = _cache._attend(q_hi, q_hi, np.full(3, 1 / 64, np.float32), np.zeros(3, np.float32),
+                                k, np.ones(n, np.float32), v, v_scale, np.zeros(3, np.float32),
+                                two_planes=False, lead=lead)
     np.testing.assert_array_equal(m2, logits.max(axis=1))
     p = np.exp(logits - logits.max(axis=1, keepdims=True))
     np.testing.assert_allclose(l2, p.sum(axis=1), rtol=1e-6)
-    np.testing.assert_allclose(o2, (p * v_scale) @ v.astype(np.float64), rtol=1e-5,
-                               atol=1e-6 * np.abs((p * v_scale) @ v).max())
+    w = p * v_scale
+    exact = w @ v.astype(np.float64)
+    scale = np.abs(exact).max()
+    np.testing.assert_allclose(o2, R.weight_planes(w) @ v, rtol=1e-5, atol=1e-6 * scale)
+    bound = w.max(axis=1, keepdims=True) / 32258 * np.abs(v).sum(axis=0)     # [3, d]
+    assert np.all(np.abs(o2 - exact) <= bound * 1.01 + 1e-6 * scale)
+
+
+def test_a_chunk_whose_weights_are_all_below_the_planes_floor_adds_nothing(tier):
+    """The largest weight below 2^-110 (the top logit's V row is zeros, every other weight is
+    exp(-87) at most): no planes, o exactly 0, while l counts the top token."""
+    d, n = 32, 9
+    k = np.zeros((n, d), np.int8)
+    k[0] = 100
+    v = np.full((n, d), 90, np.int8)
+    v_scale = np.full(n, 0.01, np.float32)
+    v_scale[0] = 0.0
+    q = np.full((1, d), 100, np.int8)
+    m, l, o = _cache._attend(q, q, np.ones(1, np.float32), np.zeros(1, np.float32), k,
+                             np.ones(n, np.float32), v, v_scale, np.zeros(1, np.float32),
+                             two_planes=False, lead=2)
+    assert m[0] == 100 * 100 * d and l[0] == 1.0      # (1 + 8 e^-87 in float32)
+    np.testing.assert_array_equal(o, 0.0)
 
 
 @pytest.mark.parametrize("center", [True, False], ids=["centered", "uncentered"])
@@ -168,4 +192,6 @@ def test_uniform_logits_bit_exact_across_tiers(construction, s, rotate):
     for out in outs[1:]:
         np.testing.assert_array_equal(out.view(np.int32), outs[0].view(np.int32))
     mean = cache.dequantize()[1].astype(np.float64).mean(axis=0)
-    np.testing.assert_allclose(outs[0], np.repeat(mean, h // hkv, axis=0), rtol=0, atol=1e-5)
+    # (the weights, p * v_scale = v_scale, in integer planes: within 1/32258 of the largest)
+    np.testing.assert_allclose(outs[0], np.repeat(mean, h // hkv, axis=0), rtol=0, atol=5e-5)
+    np.testing.assert_allclose(outs[0], R.emulate(q, cache), rtol=0, atol=1e-6)

@@ -123,7 +123,8 @@ def test_bandwidth_probe_reads_every_byte(threads, shape):
         for c0 in range(0, s, 256):
             c1 = min(s, c0 + 256)
             c0 = max(c0, 1)             # centered: decode reads position 0 from its float row
-            for buf in (cache.k_i8[g, c0:c1], cache.v_i8[g, c0:c1], cache.k_scale[g, c0:c1],
+            tiles = cache._v_tiles()[g, c0 // 4:(c1 + 3) // 4]    # V: whole tiles of 4 positions
+            for buf in (cache.k_i8[g, c0:c1], tiles, cache.k_scale[g, c0:c1],
                         cache.v_scale[g, c0:c1]):
                 want ^= _fold(buf)
     for n in (1, 2, 3):

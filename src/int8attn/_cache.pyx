@@ -39,6 +39,7 @@ cdef extern from "_simd/dispatch.h" nogil:
         const float *ks
         const float *vs
         size_t n
+        size_t v_lead
         const int8_t *next_k
         const int8_t *next_v
         size_t next_n
@@ -251,6 +252,29 @@ def _hold(rows, halves, scales, size_t ring):
             s[g, pos] = kt.half_row(&x[pos, g, 0], d, &h[g * ring + pos, 0])
 
 
+def _v_tiles(size_t cap):
+    """V tiles per kv head for a capacity of cap positions (4 positions a tile)."""
+    return (cap + 3) // 4
+
+
+def _untile(tiles, size_t n):
+    """Positions 0 .. n-1 of V tiles [Hkv, T, D, 4] (byte r of dimension i of tile t: position
+    4 t + r) as rows [Hkv, n, D], a new array."""
+    hkv, t, d = tiles.shape[0], tiles.shape[1], tiles.shape[2]
+    rows = tiles.transpose(0, 1, 3, 2).reshape(hkv, 4 * t, d)
+    return np.ascontiguousarray(rows[:, :n])
+
+
+def _tile_into(tiles, rows):
+    """Rows [Hkv, n, D] int8 into positions 0 .. n-1 of V tiles [Hkv, T, D, 4] (_untile's
+    inverse; the slots past n are left as they are)."""
+    hkv, n, d = rows.shape
+    whole = n // 4
+    tiles[:, :whole] = rows[:, :4 * whole].reshape(hkv, whole, 4, d).transpose(0, 1, 3, 2)
+    if n % 4:
+        tiles[:, whole, :, :n % 4] = rows[:, 4 * whole:].transpose(0, 2, 1)
+
+
 def _readonly(arr):
     """A view of arr that numpy will not let anyone make writeable again."""
     return np.frombuffer(memoryview(arr).toreadonly(), dtype=arr.dtype).reshape(arr.shape)
@@ -319,7 +343,7 @@ An int8 KV cache for single-token decode attention.
 
     cdef i8a_cache _c
     cdef object _k, _v, _ks, _vs              # owned buffers (numpy)
-    cdef object _k_ro, _v_ro, _ks_ro, _vs_ro  # read-only views of the whole buffers
+    cdef object _k_ro, _ks_ro, _vs_ro         # read-only views of the whole buffers
     cdef int _busy                            # taken by every call: i8a_try_acquire
     cdef object _sign                         # [D] float32 +-1 of the rotation, or None
     cdef object _kf, _vf                      # [Hkv, D] float32 with keep_first, else None
@@ -337,14 +361,14 @@ An int8 KV cache for single-token decode attention.
         # no call can swap a buffer from under a decode running without the GIL.
         hkv, cap, d, rotate, seed, keep_first, center, recent = _args.constructor(args, kwargs)
         self._k = _aligned_empty((hkv, cap, d), "b", 1)
-        self._v = _aligned_empty((hkv, cap, d), "b", 1)
+        self._v = _aligned_empty((hkv, _v_tiles(cap), d, 4), "b", 1)   # tiles (_untile)
         self._ks = _aligned_empty((hkv, cap), "f", 4)
         self._vs = _aligned_empty((hkv, cap), "f", 4)
-        self._k_ro, self._v_ro = _readonly(self._k), _readonly(self._v)
+        self._k_ro = _readonly(self._k)
         self._ks_ro, self._vs_ro = _readonly(self._ks), _readonly(self._vs)
         cdef int8_t[:, :, ::1] k = self._k
-        cdef int8_t[:, :, ::1] v = self._v
-        self._c.k_codes, self._c.v_codes = &k[0, 0, 0], &v[0, 0, 0]
+        cdef int8_t[:, :, :, ::1] v = self._v
+        self._c.k_codes, self._c.v_codes = &k[0, 0, 0], &v[0, 0, 0, 0]
         self._c.k_scale, self._c.v_scale = _data(self._ks), _data(self._vs)
         self._c.n_kv_heads, self._c.max_seq, self._c.head_dim, self._c.length = hkv, cap, d, 0
         self._c.work, self._c.work_bytes = NULL, 0
@@ -403,14 +427,14 @@ An int8 KV cache for single-token decode attention.
 
     @property
     def nbytes(self):
-        """Bytes of the cache's buffers (K and V codes and scales for max_seq tokens; the float
-        rows of position 0 with keep_first, the offsets with center, and the ring of the recent
-        window: K and V rows of min(2 * recent, max_seq) positions as halves, a float32 scale
-        per row)."""
-        hkv, d = self._c.n_kv_heads, self._c.head_dim
+        """Bytes of the cache's buffers (K and V codes and scales for max_seq tokens, V's codes
+        for max_seq rounded up to a multiple of 4; the float rows of position 0 with
+        keep_first, the offsets with center, and the ring of the recent window: K and V rows
+        of min(2 * recent, max_seq) positions as halves, a float32 scale per row)."""
+        hkv, d, cap = self._c.n_kv_heads, self._c.head_dim, self._c.max_seq
         extra = 2 * hkv * (int(self.keep_first) + int(self.center)) * d * 4
         extra += 2 * hkv * self._c.ring * (d * 2 + 4)
-        return 2 * hkv * self._c.max_seq * (d + 4) + extra
+        return hkv * (cap * (d + 8) + 4 * _v_tiles(cap) * d) + extra
 
     def __len__(self):
         return self._c.length
@@ -429,8 +453,24 @@ An int8 KV cache for single-token decode attention.
 
     @property
     def v_i8(self):
-        """Read-only view of the stored V codes, [Hkv, len, D] int8 (no copy)."""
-        return self._v_ro[:, :self._c.length]
+        """The stored V codes, [Hkv, len, D] int8: a read-only copy (the cache keeps V in
+        tiles of 4 positions, so that its integer dots sum 4 positions per lane; this gathers
+        them back into rows)."""
+        self._enter()
+        try:
+            return _readonly(self._v_i8_held())
+        finally:
+            self._leave()
+
+    def _v_tiles(self):
+        """Read-only view of the whole V buffer, [Hkv, ceil(max_seq / 4), D, 4] int8: byte r of
+        dimension i of tile t is position 4 t + r (the slots past the length hold whatever was
+        last written there, or nothing defined). For tests and the benchmarks' probe check."""
+        return _readonly(self._v)
+
+    def _v_i8_held(self):
+        """The V codes [Hkv, len, D] int8, a new array; the caller holds the busy flag."""
+        return _untile(self._v, self._c.length)
 
     @property
     def k_scale(self):
@@ -681,7 +721,8 @@ An int8 KV cache for single-token decode attention.
             if self.center:
                 self._ko[:], self._vo[:] = arrays["k_offset"], arrays["v_offset"]
                 self._c.offsets_set = 1 if offsets_set else 0
-            self._k[:, :n], self._v[:, :n] = arrays["k_i8"], arrays["v_i8"]
+            self._k[:, :n] = arrays["k_i8"]
+            _tile_into(self._v, arrays["v_i8"])
             self._ks[:, :n], self._vs[:, :n] = arrays["k_scale"], arrays["v_scale"]
             held = arrays["k_recent"].shape[0]
             if self.recent and held:            # into slots 0 .. held-1, as halves
@@ -853,13 +894,23 @@ def _quantize_rows(x):
     return codes, scales
 
 
-def _attend(q_hi, q_lo, c_hi, c_lo, k, k_scale, v, v_scale, bias, softcap=0.0, two_planes=True):
+def _attend(q_hi, q_lo, c_hi, c_lo, k, k_scale, v, v_scale, bias, softcap=0.0, two_planes=True,
+            lead=0):
     """The active tier's attend (what decode runs per chunk) on one chunk: q_hi, q_lo [nq, d]
     int8, c_hi, c_lo, bias [nq] float32, k, v [n, d] int8 (1 <= n <= 256), k_scale, v_scale [n]
-    float32. Returns the chunk's state: (m [nq], l [nq], o [nq, d]) float32."""
+    float32; V goes into tiles from slot `lead` (0 .. 3) of the first, the other slots holding
+    -127. Returns the chunk's state: (m [nq], l [nq], o [nq, d]) float32."""
     cdef const int8_t[:, ::1] qh = np.ascontiguousarray(q_hi, np.int8)
     cdef const int8_t[:, ::1] ql = np.ascontiguousarray(q_lo, np.int8)
     cdef const int8_t[:, ::1] km = np.ascontiguousarray(k, np.int8)
+    v = np.asarray(v)
+    if not (v.ndim == 2 and 0 <= lead < 4):
+        raise ValueError("_attend: v must be [n, d] and lead in 0 .. 3")
+    rows = np.full((1, lead + v.shape[0], v.shape[1]), -127, np.int8)   # the unread slots
+    rows[0, lead:] = v
+    tiles = np.full((1, _v_tiles(rows.shape[1]), v.shape[1], 4), -127, np.int8)
+    _tile_into(tiles, rows)
+    cdef const int8_t[:, :, :, ::1] vt = tiles
     cdef const int8_t[:, ::1] vm = np.ascontiguousarray(v, np.int8)
     cdef const float[::1] ch = np.ascontiguousarray(c_hi, np.float32)
     cdef const float[::1] cl = np.ascontiguousarray(c_lo, np.float32)
@@ -888,7 +939,8 @@ def _attend(q_hi, q_lo, c_hi, c_lo, k, k_scale, v, v_scale, bias, softcap=0.0, t
     q.softcap = softcap
     q.inv_softcap = 1.0 / softcap if softcap > 0 else 0.0
     cdef i8a_span span
-    span.k, span.v, span.ks, span.vs, span.n = &km[0, 0], &vm[0, 0], &ksm[0], &vsm[0], n
+    span.k, span.v, span.ks, span.vs, span.n = &km[0, 0], &vt[0, 0, 0, 0], &ksm[0], &vsm[0], n
+    span.v_lead = lead
     span.next_k = span.next_v = NULL
     span.next_n = 0
     cdef i8a_state st

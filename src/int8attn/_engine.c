@@ -55,6 +55,33 @@ static size_t slot_of(const i8a_cache *c, size_t pos)
     return (pos + c->ring_shift) % c->ring;
 }
 
+/* V tiles per kv head: max_seq rounded up to whole tiles (dispatch.h). */
+static size_t v_tiles_of(const i8a_cache *c)
+{
+    return (c->max_seq + I8A_V_TILE - 1) / I8A_V_TILE;
+}
+
+/* The V tile of kv head g holding position pos. */
+static int8_t *v_tile(const i8a_cache *c, size_t g, size_t pos)
+{
+    return c->v_codes + (g * v_tiles_of(c) + pos / I8A_V_TILE) * I8A_V_TILE * c->head_dim;
+}
+
+/* The V codes [d] of kv head g at position pos, into its tile / out of it. */
+static void v_put(const i8a_cache *c, size_t g, size_t pos, const int8_t *codes)
+{
+    int8_t *t = v_tile(c, g, pos) + pos % I8A_V_TILE;
+    for (size_t i = 0; i < c->head_dim; i++)
+        t[i * I8A_V_TILE] = codes[i];
+}
+
+static void v_get(const i8a_cache *c, size_t g, size_t pos, int8_t *codes)
+{
+    const int8_t *t = v_tile(c, g, pos) + pos % I8A_V_TILE;
+    for (size_t i = 0; i < c->head_dim; i++)
+        codes[i] = t[i * I8A_V_TILE];
+}
+
 /* Halves h [d] times their row's scale into y [d] (exact). */
 static void widen(const uint16_t *h, float scale, size_t d, float *y)
 {
@@ -214,10 +241,12 @@ static int code_rows(const i8a_kernels *kt, const i8a_cache *c, const row_source
                 }
             }
             float tk[I8A_MAX_HEAD_DIM], tv[I8A_MAX_HEAD_DIM];
+            int8_t vc[I8A_MAX_HEAD_DIM];
             store_row(kt, c, row_at(src_k, pos, g, tk), centered ? c->k_offset + g * d : NULL,
                       c->k_codes + row * d, c->k_scale + row);
             store_row(kt, c, row_at(src_v, pos, g, tv), centered ? c->v_offset + g * d : NULL,
-                      c->v_codes + row * d, c->v_scale + row);
+                      vc, c->v_scale + row);
+            v_put(c, g, pos, vc);
         }
     }
     return 0;
@@ -631,8 +660,8 @@ static i8a_query query_at(const decode_job *job, size_t g, size_t r, size_t coun
 static i8a_span span_rows(const i8a_cache *c, size_t g, size_t a, size_t b)
 {
     const size_t row = g * c->max_seq + a, d = c->head_dim;
-    i8a_span span = {c->k_codes + row * d, c->v_codes + row * d, c->k_scale + row,
-                     c->v_scale + row, b - a, NULL, NULL, 0};
+    i8a_span span = {c->k_codes + row * d, v_tile(c, g, a), c->k_scale + row, c->v_scale + row,
+                     b - a, a % I8A_V_TILE, NULL, NULL, 0};
     return span;
 }
 
@@ -1043,7 +1072,7 @@ static void stream_range(void *ctx, size_t begin, size_t end, size_t after, size
         if (then < c->n_kv_heads * job->chunks)
             next = chunk_span_to(c, then / job->chunks, then % job->chunks, c->length);
         x ^= stream(s.k, s.n * c->head_dim, next.k);
-        x ^= stream(s.v, s.n * c->head_dim, next.v);
+        x ^= stream(s.v, i8a_v_tiles(s.v_lead, s.n) * I8A_V_TILE * c->head_dim, next.v);
         x ^= stream(s.ks, s.n * sizeof(float), NULL);
         x ^= stream(s.vs, s.n * sizeof(float), NULL);
     }
@@ -1076,9 +1105,11 @@ static void dequantize_row(const i8a_kernels *kt, const i8a_cache *c, size_t g, 
                            int off, float *yk, float *yv)
 {
     const size_t d = c->head_dim, row = g * c->max_seq + pos;
+    int8_t vc[I8A_MAX_HEAD_DIM];
+    v_get(c, g, pos, vc);
     for (size_t i = 0; i < d; i++) {
         yk[i] = (float)c->k_codes[row * d + i] * c->k_scale[row];
-        yv[i] = (float)c->v_codes[row * d + i] * c->v_scale[row];
+        yv[i] = (float)vc[i] * c->v_scale[row];
     }
     if (off)
         for (size_t i = 0; i < d; i++) {
@@ -1135,7 +1166,16 @@ void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n)
     }
     for (size_t g = 0; g < hkv; g++) {
         memmove(c->k_codes + g * cap * d, c->k_codes + (g * cap + n) * d, keep * d);
-        memmove(c->v_codes + g * cap * d, c->v_codes + (g * cap + n) * d, keep * d);
+        if (n % I8A_V_TILE == 0) {
+            memmove(v_tile(c, g, 0), v_tile(c, g, n), i8a_v_tiles(0, keep) * I8A_V_TILE * d);
+        } else {                    /* position by position, upwards: p + n is read before p + n
+                                     * is written (every position's bytes are its own) */
+            for (size_t p = 0; p < keep; p++) {
+                int8_t vc[I8A_MAX_HEAD_DIM];
+                v_get(c, g, p + n, vc);
+                v_put(c, g, p, vc);
+            }
+        }
         memmove(c->k_scale + g * cap, c->k_scale + g * cap + n, keep * sizeof(float));
         memmove(c->v_scale + g * cap, c->v_scale + g * cap + n, keep * sizeof(float));
     }

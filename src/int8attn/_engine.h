@@ -10,7 +10,10 @@
 #include "_simd/dispatch.h"
 
 /* The cache buffers, head-major: k_codes[head][position][i] int8 and k_scale[head][position]
- * float; the same for V. In the comments below hkv, cap, d and len abbreviate n_kv_heads,
+ * float; the same for V, but for V's codes, which are stored in tiles of I8A_V_TILE positions
+ * (dispatch.h): v_codes[head][position / 4][i][position % 4], ceil(max_seq / 4) tiles per head
+ * (the slots of the last tile past max_seq, and of any tile past length, are never read with a
+ * weight other than 0; they need not be initialized). In the comments below hkv, cap, d and len abbreviate n_kv_heads,
  * max_seq, head_dim and length. With a rotation (sign != NULL) K and V rows are stored
  * rotated, q is rotated before the dots and the output rotated back: (Rq).(Rk) = q.k and
  * R^T sum p (R v) = sum p v.
@@ -55,7 +58,8 @@
 #define I8A_QSCALE_MAX 0x1p40f
 
 typedef struct {
-    int8_t *k_codes, *v_codes;  /* [n_kv_heads][max_seq][head_dim] */
+    int8_t *k_codes;            /* [n_kv_heads][max_seq][head_dim] */
+    int8_t *v_codes;            /* [n_kv_heads][ceil(max_seq / 4)][head_dim][4] */
     float *k_scale, *v_scale;   /* [n_kv_heads][max_seq] */
     size_t n_kv_heads, max_seq, head_dim;
     size_t length;              /* tokens stored: rows 0 .. length-1 of every head */

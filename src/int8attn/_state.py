@@ -41,7 +41,8 @@ def state_of(cache):
         "n_kv_heads": hkv, "max_seq": cache.max_seq, "head_dim": d, "length": len(cache),
         "rotate": cache.rotate, "rotation_seed": cache.rotation_seed,
         "rotation_block": d & -d if cache.rotate else 0,
-        **{key: getattr(cache, key).copy() for key in _ARRAYS},
+        **{key: cache._v_i8_held() if key == "v_i8" else getattr(cache, key).copy()
+           for key in _ARRAYS},
         "keep_first": cache.keep_first, "center": cache.center,
         **{key: zeros.copy() if row is None else row for key, row in rows.items()},
         "offsets_set": cache._offsets_set(), "recent": cache.recent,

@@ -9,7 +9,8 @@
 - :func:`window_rows`: the floats decode reads for the recent window; :func:`half_rows`: how
   the window keeps a row (IEEE halves times a power of two per row).
 - :func:`emulate`: the kernel's method, exactly where it rounds to integers (int8 q planes, exact
-  integer dots) and in float64 everywhere else: what the kernel computes, minus its f32 rounding.
+  integer dots, the softmax weights in integer planes against the V codes: :func:`weight_planes`)
+  and in float64 everywhere else: what the kernel computes, minus its f32 rounding.
 """
 
 import math
@@ -172,13 +173,35 @@ def window_rows(cache):
     return k[len(k) - n:], v[len(v) - n:]
 
 
+# The contract's softmax chunk (I8A_CHUNK) and the smallest largest weight that gets P planes
+# (I8A_WEIGHT_MIN): see _simd/common.h.
+CHUNK = 256
+WEIGHT_MIN = 2.0**-110
+
+
+def weight_planes(w):
+    """The V pass's weights w [..., n] (>= 0, one chunk along the last axis) as the kernel keeps
+    them, float64: two planes of integers 0 .. 127, ``hi = min(floor(w * 127 / top), 127)`` and
+    ``lo = clip(rint((w - hi * s_hi) * 127 / s_hi), 0, 127)`` with ``s_hi = top / 127``, ``top``
+    the largest weight (no planes below ``WEIGHT_MIN``); returns ``hi * s_hi + lo * s_hi / 127``."""
+    w = np.asarray(w, np.float64)
+    top = w.max(axis=-1, keepdims=True)
+    some = top >= WEIGHT_MIN
+    safe = np.where(some, top, 1.0)
+    s_hi, inv = safe / 127, 127 / safe
+    hi = np.minimum(np.floor(w * inv), 127)
+    lo = np.clip(np.rint((w - hi * s_hi) * inv * 127), 0, 127)
+    return np.where(some, hi * s_hi + lo * (s_hi / 127), 0.0)
+
+
 def emulate(q, cache, *, scale=None, q_bits=16):
     """The kernel's method in numpy, for q [H, D] over an Int8KVCache (or anything with its
     ``k_i8, k_scale, v_i8, v_scale`` views, and ``k_first``, ``v_first`` when it keeps the first
     position, ``k_offset``, ``v_offset`` when it centers, ``state_dict()`` when it has a recent
-    window): exact int8 planes of q and exact integer dots, then float64 logits, softmax and
-    accumulation; the positions of the recent window from their floats. Returns [H, D]
-    float32."""
+    window): exact int8 planes of q and exact integer dots; per chunk of CHUNK positions of the
+    codes, the softmax weights times the V scales in integer planes (weight_planes) against
+    the V codes; float64 everywhere else; the positions of the recent window from their floats.
+    Returns [H, D] float32."""
     q_plain = np.asarray(q, dtype=np.float32)
     h, d = q_plain.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -191,31 +214,54 @@ def emulate(q, cache, *, scale=None, q_bits=16):
 
     k_i8 = _expand(np.asarray(cache.k_i8).transpose(1, 0, 2), h).astype(np.int64)
     ks = _expand(np.asarray(cache.k_scale).T[..., None], h)[..., 0].astype(np.float64)
-    v = np.asarray(cache.v_i8).astype(np.float64) * np.asarray(cache.v_scale, np.float64)[..., None]
+    v_codes = _expand(np.asarray(cache.v_i8).transpose(1, 0, 2), h).astype(np.float64)  # [S, H, D]
+    vs = _expand(np.asarray(cache.v_scale).T[..., None], h)[..., 0].astype(np.float64)  # [S, H]
     logits = 0.0
     for codes, s in q_planes(q, q_bits):
         dots = np.einsum("hd,shd->hs", codes.astype(np.int64), k_i8)
         logits = logits + dots.astype(np.float64) * s.astype(np.float64)[:, None]
     logits = logits * ks.T * scale
-    v = _expand(v.transpose(1, 0, 2), h)                               # [S, H, D]
+    n = logits.shape[1]
+    v_off = np.zeros((h, d))
     if getattr(cache, "center", False) and cache.k_offset is not None:
         # rows past position 0: codes * scale + offset
         k_off = per_query_head(cache.k_offset)
         logits[:, 1:] += np.einsum("hd,hd->h", q.astype(np.float64), k_off)[:, None] * scale
-        v[1:] += per_query_head(cache.v_offset)
-    if getattr(cache, "keep_first", False):       # position 0 from its float row
+        v_off = per_query_head(cache.v_offset)
+    floats = {}                                       # position -> its V row [H, D], stored space
+    first = 1 if getattr(cache, "keep_first", False) else 0
+    if first:                                         # position 0 from its float row
         k0 = per_query_head(cache.k_first)
         logits[:, 0] = np.einsum("hd,hd->h", q_plain.astype(np.float64), k0) * scale
         v0 = per_query_head(cache.v_first)
-        v[0] = v0 if signs is None else rotate(v0, signs)
+        floats[0] = v0 if signs is None else rotate(v0, signs)
     kw, vw = window_rows(cache)
+    fw = n - len(kw)
     if len(kw):                                  # the recent window from its floats
-        fw = logits.shape[1] - len(kw)
         logits[:, fw:] = np.einsum("hd,shd->hs", q_plain.astype(np.float64),
                                    _expand(kw.astype(np.float64), h)) * scale
         vw = _expand(vw.astype(np.float64), h)
-        v[fw:] = vw if signs is None else rotate(vw, signs)
-    out = _softmax_attend(logits, v)
+        vw = vw if signs is None else rotate(vw, signs)
+        for i in range(len(kw)):
+            floats[fw + i] = vw[i]
+    top = logits.max(axis=1)                          # [H]
+    o, lsum = np.zeros((h, d)), np.zeros(h)
+    for pos, row in floats.items():
+        p = np.exp(logits[:, pos] - top)
+        o += p[:, None] * row
+        lsum += p
+    for c0 in range(0, fw, CHUNK):                    # the coded positions, chunk by chunk
+        a, b = max(c0, first), min(c0 + CHUNK, fw)
+        if a >= b:
+            continue
+        m = logits[:, a:b].max(axis=1)
+        p = np.exp(logits[:, a:b] - m[:, None])       # [H, n]
+        w = weight_planes(p * vs[a:b].T)
+        chunk = np.einsum("hs,shd->hd", w, v_codes[a:b]) + p.sum(axis=1)[:, None] * v_off
+        f = np.exp(m - top)
+        o += f[:, None] * chunk
+        lsum += f * p.sum(axis=1)
+    out = o / lsum[:, None]
     if signs is not None:                            # back from the rotated space
         out = rotate(out, signs, inverse=True)
     return out.astype(np.float32)

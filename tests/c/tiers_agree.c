@@ -50,7 +50,8 @@ static int run_case(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
         c.k_recent = ring, c.v_recent = ring + c.ring * hkv * d;
         c.k_rscale = ring_scale, c.v_rscale = ring_scale + c.ring * hkv;
     }
-    c.k_codes = malloc(hkv * len * d), c.v_codes = malloc(hkv * len * d);
+    c.k_codes = malloc(hkv * len * d);
+    c.v_codes = malloc(hkv * ((len + I8A_V_TILE - 1) / I8A_V_TILE) * I8A_V_TILE * d);   /* tiles */
     c.k_scale = malloc(hkv * len * sizeof(float)), c.v_scale = malloc(hkv * len * sizeof(float));
     float *k = malloc(len * hkv * d * sizeof(float)), *v = malloc(len * hkv * d * sizeof(float));
     float *q = malloc(h * d * sizeof(float));

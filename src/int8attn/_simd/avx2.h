@@ -288,60 +288,110 @@ static inline float i8a_logits_avx2(const int32_t *dh, const int32_t *dl, float 
     return m;
 }
 
-/* o[h][i0 .. i0 + 8 nv) = sum_s w[h][s] * v[s][.] in token order (fused), for NH heads at once:
- * each V row is converted once for the group. NH and NV are constants at every call. */
-I8A_INLINE void
-i8a_v_block_avx2(const float *w, int nh, int nv, const int8_t *v, size_t n, size_t d, size_t i0,
-                 float *o, const int8_t *pf, size_t pf_n)
+/* A head's P planes from its weights w [round16(n)] (zeros past n; common.h's rule, 16 weights
+ * at a time: floor and min on floats, the residual by one fused step, rint by vcvtps2dq under
+ * the default MXCSR, clamped as integers, packed to bytes: the bytes of i8a_planes_scalar). */
+static inline void i8a_planes_avx2(const float *w, size_t n, size_t lead, uint8_t *slot)
 {
-    __m256 acc[4][8];
+    __m256 most = _mm256_setzero_ps();
+    for (size_t s = 0; s < n; s += 8)
+        most = _mm256_max_ps(most, _mm256_load_ps(w + s));     /* the padding's zeros too */
+    float s_hi, s_lo, inv, inv_lo;
+    i8a_weight_scales(i8a_hmax8_avx2(most), &s_hi, &s_lo, &inv, &inv_lo);
+    const __m256 vsh = _mm256_set1_ps(s_hi), vinv = _mm256_set1_ps(inv);
+    const __m256 vinl = _mm256_set1_ps(inv_lo), top = _mm256_set1_ps(127.0f);
+    const __m256i zero = _mm256_setzero_si256(), most_i = _mm256_set1_epi32(127);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (size_t s = 0; s < n; s += 16) {
+        __m256i hi[2], lo[2];
+        for (int b = 0; b < 2; b++) {
+            const __m256 x = _mm256_load_ps(w + s + 8 * b);
+            const __m256 h = _mm256_min_ps(_mm256_floor_ps(_mm256_mul_ps(x, vinv)), top);
+            const __m256i l = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_fnmadd_ps(h, vsh, x), vinl));
+            hi[b] = _mm256_cvttps_epi32(h);
+            lo[b] = _mm256_min_epi32(_mm256_max_epi32(l, zero), most_i);
+        }
+        /* packs: [a0-3 b0-3 | a4-7 b4-7] as 16 bits, then bytes (twice); words 0 4 1 5 */
+        const __m256i ph = _mm256_packus_epi16(_mm256_packs_epi32(hi[0], hi[1]), zero);
+        const __m256i pl = _mm256_packus_epi16(_mm256_packs_epi32(lo[0], lo[1]), zero);
+        _mm_storeu_si128((__m128i *)(slot + lead + s),
+                         _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(ph, order)));
+        _mm_storeu_si128((__m128i *)(slot + I8A_PLANE_BYTES + lead + s),
+                         _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(pl, order)));
+    }
+    i8a_planes_frame(slot, lead, n, s_hi, s_lo);
+}
+
+/* One plane byte group (4 positions of a tile) of a head, broadcast to every 32-bit lane. */
+static inline __m256i i8a_pword_avx2(const uint8_t *plane, size_t t)
+{
+    int32_t x;
+    memcpy(&x, plane + I8A_V_TILE * t, sizeof x);
+    return _mm256_set1_epi32(x);
+}
+
+/* acc += for each dimension (32-bit lane) the sum of the tile's 4 products: vpmaddubsw adds
+ * two products (unsigned P by signed V, at most 2 * 127 * 127: no saturation), vpmaddwd
+ * the two pairs. */
+static inline __m256i i8a_vdot_avx2(__m256i acc, __m256i p, __m256i x)
+{
+    const __m256i pairs = _mm256_maddubs_epi16(p, x);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+/* The integer V pass (common.h) of NH heads over dims [i0, i0 + 8 nv), as the avx512_vnni
+ * tier's, 8 dims a vector. NH and NV are constants at every call. */
+I8A_INLINE void
+i8a_vtiles_block_avx2(const uint8_t *const *planes, int nh, int nv, const int8_t *v,
+                      size_t tiles, size_t d, size_t i0, float *o, const int8_t *pf, size_t pf_n)
+{
+    __m256i ah[4][4], al[4][4];
     for (int h = 0; h < nh; h++)
         for (int b = 0; b < nv; b++)
-            acc[h][b] = _mm256_setzero_ps();
-    for (size_t s = 0; s < n; s++) {
-        if (s < pf_n)
-            i8a_prefetch_rows(pf + s * d, d);
-        const int8_t *vr = v + s * d + i0;
-        for (int b = 0; b < nv; b++) {
-            __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vr + 8 * b))));
-            for (int h = 0; h < nh; h++)
-                acc[h][b] = _mm256_fmadd_ps(_mm256_set1_ps(w[h * I8A_CHUNK + s]), x, acc[h][b]);
+            ah[h][b] = al[h][b] = _mm256_setzero_si256();
+    for (size_t t = 0; t < tiles; t++) {
+        if (I8A_V_TILE * t < pf_n)
+            i8a_prefetch_rows(pf + I8A_V_TILE * t * d, I8A_V_TILE * d);
+        const int8_t *x = v + (t * d + i0) * I8A_V_TILE;
+        __m256i xv[4];
+        for (int b = 0; b < nv; b++)
+            xv[b] = _mm256_loadu_si256((const __m256i *)(x + 32 * b));
+        for (int h = 0; h < nh; h++) {
+            const __m256i ph = i8a_pword_avx2(planes[h], t);
+            const __m256i pl = i8a_pword_avx2(planes[h] + I8A_PLANE_BYTES, t);
+            for (int b = 0; b < nv; b++) {
+                ah[h][b] = i8a_vdot_avx2(ah[h][b], ph, xv[b]);
+                al[h][b] = i8a_vdot_avx2(al[h][b], pl, xv[b]);
+            }
         }
     }
-    for (int h = 0; h < nh; h++)
-        for (int b = 0; b < nv; b++)
-            _mm256_storeu_ps(o + h * d + i0 + 8 * b, acc[h][b]);
+    for (int h = 0; h < nh; h++) {
+        float s_hi, s_lo;
+        i8a_planes_scales(planes[h], &s_hi, &s_lo);
+        const __m256 vsh = _mm256_set1_ps(s_hi), vsl = _mm256_set1_ps(s_lo);
+        for (int b = 0; b < nv; b++) {
+            const __m256 hi = _mm256_mul_ps(_mm256_cvtepi32_ps(ah[h][b]), vsh);
+            _mm256_storeu_ps(o + h * d + i0 + 8 * b,
+                             _mm256_fmadd_ps(_mm256_cvtepi32_ps(al[h][b]), vsl, hi));
+        }
+    }
 }
 
-/* pf, pf_n: rows to prefetch (the next chunk's V) while the first block runs. */
-I8A_INLINE void
-i8a_v_group_avx2(const float *w, int nh, const int8_t *v, size_t n, size_t d, float *o,
-                 const int8_t *pf, size_t pf_n)
+/* The V pass of heads [j, j + NH): blocks as wide as the 16 registers allow, then pairs of
+ * vectors for the rest of d (a multiple of 16). */
+I8A_INLINE void i8a_vtiles_group_avx2(float *scratch, size_t nq, size_t j, int nh,
+                                      const i8a_span *kv, size_t d, float *o, size_t pf_n)
 {
-    const int nv = nh == 1 ? 8 : nh == 2 ? 4 : 2;
+    const uint8_t *planes[4];
+    for (int h = 0; h < nh; h++)
+        planes[h] = i8a_planes_at(scratch, nq, j + (size_t)h);
+    const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n);
+    const int nv = nh == 1 ? 4 : 2;
     size_t i = 0;
     for (; i + 8 * (size_t)nv <= d; i += 8 * (size_t)nv, pf_n = 0)
-        i8a_v_block_avx2(w, nh, nv, v, n, d, i, o, pf, pf_n);
+        i8a_vtiles_block_avx2(planes, nh, nv, kv->v, tiles, d, i, o + j * d, kv->next_v, pf_n);
     for (; i < d; i += 16, pf_n = 0)
-        i8a_v_block_avx2(w, nh, 2, v, n, d, i, o, pf, pf_n);
-}
-
-/* The V pass for all heads: w [nq][I8A_CHUNK], o [nq][d]; heads in groups of up to four, the
- * first group prefetching the next chunk's V. */
-static inline void i8a_accumulate_v_avx2(const float *w, size_t nq, const i8a_span *kv, size_t d,
-                                         float *o)
-{
-    const int8_t *v = kv->v, *pf = kv->next_v;
-    const size_t n = kv->n;
-    size_t j = 0, pf_n = kv->next_n;
-    for (; j + 4 <= nq; j += 4, pf_n = 0)
-        i8a_v_group_avx2(w + j * I8A_CHUNK, 4, v, n, d, o + j * d, pf, pf_n);
-    switch (nq - j) {
-    case 3: i8a_v_group_avx2(w + j * I8A_CHUNK, 3, v, n, d, o + j * d, pf, pf_n); break;
-    case 2: i8a_v_group_avx2(w + j * I8A_CHUNK, 2, v, n, d, o + j * d, pf, pf_n); break;
-    case 1: i8a_v_group_avx2(w + j * I8A_CHUNK, 1, v, n, d, o + j * d, pf, pf_n); break;
-    default: break;
-    }
+        i8a_vtiles_block_avx2(planes, nh, 2, kv->v, tiles, d, i, o + j * d, kv->next_v, pf_n);
 }
 
 static void i8a_attend_avx2(const i8a_query *q, const i8a_span *kv, float *scratch,
@@ -349,7 +399,8 @@ static void i8a_attend_avx2(const i8a_query *q, const i8a_span *kv, float *scrat
 {
     const size_t d = q->d, n = kv->n, nq = q->nq;
     /* dh lives in the second half of the scratch, dl in the first: head j's logits then
-     * overwrite its own dl element by element, each read before it is written. */
+     * overwrite its own dl element by element, each read before it is written, and its
+     * planes its dh. */
     int32_t *dh = (int32_t *)(scratch + nq * I8A_CHUNK), *dl = (int32_t *)scratch;
     i8a_kdots_avx2(q, kv, dh, dl);
     for (size_t j = 0; j < nq; j++) {
@@ -366,8 +417,17 @@ static void i8a_attend_avx2(const i8a_query *q, const i8a_span *kv, float *scrat
             _mm256_store_ps(p + s, _mm256_mul_ps(_mm256_load_ps(p + s), _mm256_loadu_ps(kv->vs + s)));
         for (; s < n; s++)
             p[s] = p[s] * kv->vs[s];
+        i8a_planes_avx2(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j));
     }
-    i8a_accumulate_v_avx2(scratch, nq, kv, d, out->o);
+    size_t j = 0, pf_n = kv->next_n;   /* the first group prefetches the next chunk's V */
+    for (; j + 4 <= nq; j += 4, pf_n = 0)
+        i8a_vtiles_group_avx2(scratch, nq, j, 4, kv, d, out->o, pf_n);
+    switch (nq - j) {
+    case 3: i8a_vtiles_group_avx2(scratch, nq, j, 3, kv, d, out->o, pf_n); break;
+    case 2: i8a_vtiles_group_avx2(scratch, nq, j, 2, kv, d, out->o, pf_n); break;
+    case 1: i8a_vtiles_group_avx2(scratch, nq, j, 1, kv, d, out->o, pf_n); break;
+    default: break;
+    }
 }
 
 static void i8a_merge_avx2(const i8a_state *run, const i8a_state *chunk, size_t d)

@@ -237,99 +237,98 @@ static inline float i8a_softmax_avx512_vnni(float *p, const float *vs, size_t n,
     return i8a_fold16_avx512_vnni(acc);
 }
 
-/* V codes to floats without the shuffle unit (vpmovsxbd is the bottleneck of the V pass on
- * cores that split 512-bit shuffles): bias a 64-byte load to unsigned, then for byte k of each
- * 32-bit lane build the float 2^23 + u and subtract 2^23 + 128, which is exact. Vector k holds
- * the elements 4i + k of the 64: the V block keeps that order and restores it when storing. */
-static inline void i8a_v64_avx512_vnni(const int8_t *p, __m512 x[4])
+/* A head's P planes from its weights w [n] (common.h's rule, 16 weights at a time; floor and
+ * min on floats, the residual by one fused step, then rint by vcvtps2dq under the default
+ * MXCSR, clamped as integers: the bytes of i8a_planes_scalar). */
+static inline void i8a_planes_avx512_vnni(const float *w, size_t n, size_t lead, uint8_t *slot)
 {
-    const __m512i mask = _mm512_set1_epi32(0xff), magic = _mm512_set1_epi32(0x4b000000);
-    const __m512 off = _mm512_set1_ps(8388608.0f + 128.0f);
-    const __m512i u = _mm512_xor_si512(_mm512_loadu_si512((const void *)p), _mm512_set1_epi8((char)0x80));
-    /* 0xea: (a & b) | c */
-    x[0] = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(u, mask, magic, 0xea)), off);
-    x[1] = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_srli_epi32(u, 8), mask, magic, 0xea)), off);
-    x[2] = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_srli_epi32(u, 16), mask, magic, 0xea)), off);
-    x[3] = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_srli_epi32(u, 24), magic)), off);
+    __m512 most = _mm512_setzero_ps();
+    for (size_t s = 0; s < n; s += 16) {
+        const __mmask16 live = n - s >= 16 ? 0xffff : (__mmask16)((1u << (n - s)) - 1);
+        most = _mm512_max_ps(most, _mm512_maskz_loadu_ps(live, w + s));
+    }
+    float s_hi, s_lo, inv, inv_lo;
+    i8a_weight_scales(_mm512_reduce_max_ps(most), &s_hi, &s_lo, &inv, &inv_lo);
+    const __m512 vsh = _mm512_set1_ps(s_hi), vinv = _mm512_set1_ps(inv);
+    const __m512 vinl = _mm512_set1_ps(inv_lo), top = _mm512_set1_ps(127.0f);
+    const __m512i zero = _mm512_setzero_si512(), most_i = _mm512_set1_epi32(127);
+    for (size_t s = 0; s < n; s += 16) {
+        const __mmask16 live = n - s >= 16 ? 0xffff : (__mmask16)((1u << (n - s)) - 1);
+        const __m512 x = _mm512_maskz_loadu_ps(live, w + s);
+        __m512 h = _mm512_roundscale_ps(_mm512_mul_ps(x, vinv), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+        h = _mm512_min_ps(h, top);
+        __m512i l = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_fnmadd_ps(h, vsh, x), vinl));
+        l = _mm512_min_epi32(_mm512_max_epi32(l, zero), most_i);
+        _mm_mask_storeu_epi8(slot + lead + s, live, _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(h)));
+        _mm_mask_storeu_epi8(slot + I8A_PLANE_BYTES + lead + s, live, _mm512_cvtepi32_epi8(l));
+    }
+    i8a_planes_frame(slot, lead, n, s_hi, s_lo);
 }
 
-/* Store four vectors in the order of i8a_v64_avx512_vnni as 64 consecutive floats: a 4 x 4
- * transpose of floats inside each 128-bit block, then of the 128-bit blocks. */
-static inline void i8a_store64_avx512_vnni(float *o, const __m512 a[4])
+/* One plane byte group (4 positions of a tile) of a head, broadcast to every 32-bit lane. */
+static inline __m512i i8a_pword_avx512_vnni(const uint8_t *plane, size_t t)
 {
-    __m512 t0 = _mm512_unpacklo_ps(a[0], a[1]), t1 = _mm512_unpackhi_ps(a[0], a[1]);
-    __m512 t2 = _mm512_unpacklo_ps(a[2], a[3]), t3 = _mm512_unpackhi_ps(a[2], a[3]);
-    __m512 r0 = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
-    __m512 r1 = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
-    __m512 r2 = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
-    __m512 r3 = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
-    __m512 u0 = _mm512_shuffle_f32x4(r0, r1, 0x44), u1 = _mm512_shuffle_f32x4(r0, r1, 0xee);
-    __m512 u2 = _mm512_shuffle_f32x4(r2, r3, 0x44), u3 = _mm512_shuffle_f32x4(r2, r3, 0xee);
-    _mm512_storeu_ps(o, _mm512_shuffle_f32x4(u0, u2, 0x88));
-    _mm512_storeu_ps(o + 16, _mm512_shuffle_f32x4(u0, u2, 0xdd));
-    _mm512_storeu_ps(o + 32, _mm512_shuffle_f32x4(u1, u3, 0x88));
-    _mm512_storeu_ps(o + 48, _mm512_shuffle_f32x4(u1, u3, 0xdd));
+    int32_t x;
+    memcpy(&x, plane + I8A_V_TILE * t, sizeof x);
+    return _mm512_set1_epi32(x);
 }
 
-/* o[h][i0 .. i0 + 64 nb) = sum_s w[h][s] * v[s][.] in token order (fused), NH heads sharing each
- * converted V row, NB groups of 64 floats. NH and NB are constants at every call. */
+/* The integer V pass (common.h) of NH heads over dims [i0, i0 + 16 nb): per tile, one
+ * vpdpbusd per plane, head and 16 dims (P bytes unsigned, V codes signed: each lane sums the
+ * tile's 4 positions of one dimension), then o from the two sums. The first block prefetches
+ * pf_n rows of pf (the next chunk's V). NH and NB are constants at every call. */
 I8A_INLINE void
-i8a_v_block_avx512_vnni(const float *w, int nh, int nb, const int8_t *v, size_t n, size_t d,
-                        size_t i0, float *o, const int8_t *pf, size_t pf_n)
+i8a_vtiles_block_avx512_vnni(const uint8_t *const *planes, int nh, int nb, const int8_t *v,
+                             size_t tiles, size_t d, size_t i0, float *o, const int8_t *pf,
+                             size_t pf_n)
 {
-    __m512 acc[4][2][4];
+    __m512i ah[4][8], al[4][8];
     for (int h = 0; h < nh; h++)
         for (int b = 0; b < nb; b++)
-            for (int k = 0; k < 4; k++)
-                acc[h][b][k] = _mm512_setzero_ps();
-    for (size_t s = 0; s < n; s++) {
-        if (s < pf_n)
-            i8a_prefetch_rows(pf + s * d, d);
-        for (int b = 0; b < nb; b++) {
-            __m512 x[4];
-            i8a_v64_avx512_vnni(v + s * d + i0 + 64 * b, x);
-            for (int h = 0; h < nh; h++) {
-                const __m512 ws = _mm512_set1_ps(w[h * I8A_CHUNK + s]);
-                for (int k = 0; k < 4; k++)
-                    acc[h][b][k] = _mm512_fmadd_ps(ws, x[k], acc[h][b][k]);
+            ah[h][b] = al[h][b] = _mm512_setzero_si512();
+    for (size_t t = 0; t < tiles; t++) {
+        if (I8A_V_TILE * t < pf_n)
+            i8a_prefetch_rows(pf + I8A_V_TILE * t * d, I8A_V_TILE * d);
+        const int8_t *x = v + (t * d + i0) * I8A_V_TILE;
+        __m512i xv[8];
+        for (int b = 0; b < nb; b++)
+            xv[b] = _mm512_loadu_si512((const void *)(x + 64 * b));
+        for (int h = 0; h < nh; h++) {
+            const __m512i ph = i8a_pword_avx512_vnni(planes[h], t);
+            const __m512i pl = i8a_pword_avx512_vnni(planes[h] + I8A_PLANE_BYTES, t);
+            for (int b = 0; b < nb; b++) {
+                ah[h][b] = _mm512_dpbusd_epi32(ah[h][b], ph, xv[b]);
+                al[h][b] = _mm512_dpbusd_epi32(al[h][b], pl, xv[b]);
             }
         }
     }
-    for (int h = 0; h < nh; h++)
-        for (int b = 0; b < nb; b++)
-            i8a_store64_avx512_vnni(o + h * d + i0 + 64 * b, acc[h][b]);
-}
-
-/* The same for 16 floats at i0, converting with vpmovsxbd: the tail when d % 64 != 0. */
-I8A_INLINE void
-i8a_v_tail_avx512_vnni(const float *w, int nh, const int8_t *v, size_t n, size_t d, size_t i0,
-                       float *o)
-{
-    __m512 acc[4];
-    for (int h = 0; h < nh; h++)
-        acc[h] = _mm512_setzero_ps();
-    for (size_t s = 0; s < n; s++) {
-        __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(v + s * d + i0))));
-        for (int h = 0; h < nh; h++)
-            acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(w[h * I8A_CHUNK + s]), x, acc[h]);
+    for (int h = 0; h < nh; h++) {
+        float s_hi, s_lo;
+        i8a_planes_scales(planes[h], &s_hi, &s_lo);
+        const __m512 vsh = _mm512_set1_ps(s_hi), vsl = _mm512_set1_ps(s_lo);
+        for (int b = 0; b < nb; b++) {
+            const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(ah[h][b]), vsh);
+            _mm512_storeu_ps(o + h * d + i0 + 16 * b,
+                             _mm512_fmadd_ps(_mm512_cvtepi32_ps(al[h][b]), vsl, hi));
+        }
     }
-    for (int h = 0; h < nh; h++)
-        _mm512_storeu_ps(o + h * d + i0, acc[h]);
 }
 
-/* pf, pf_n: rows to prefetch (the next chunk's V) while the first block runs. */
-I8A_INLINE void
-i8a_v_group_avx512_vnni(const float *w, int nh, const int8_t *v, size_t n, size_t d, float *o,
-                        const int8_t *pf, size_t pf_n)
+/* The V pass of heads [j, j + NH): blocks as wide as the registers allow (2 NH NB accumulators,
+ * NB loaded V vectors), then single vectors for the rest of d. */
+I8A_INLINE void i8a_vtiles_group_avx512_vnni(float *scratch, size_t nq, size_t j, int nh,
+                                             const i8a_span *kv, size_t d, float *o, size_t pf_n)
 {
-    const int nb = nh <= 2 ? 2 : 1;
+    const uint8_t *planes[4];
+    for (int h = 0; h < nh; h++)
+        planes[h] = i8a_planes_at(scratch, nq, j + (size_t)h);
+    const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n);
+    const int nb = nh == 1 ? 8 : nh == 2 ? 4 : 2;
     size_t i = 0;
-    for (; i + 64 * (size_t)nb <= d; i += 64 * (size_t)nb, pf_n = 0)
-        i8a_v_block_avx512_vnni(w, nh, nb, v, n, d, i, o, pf, pf_n);
-    for (; i + 64 <= d; i += 64, pf_n = 0)
-        i8a_v_block_avx512_vnni(w, nh, 1, v, n, d, i, o, pf, pf_n);
-    for (; i < d; i += 16)
-        i8a_v_tail_avx512_vnni(w, nh, v, n, d, i, o);
+    for (; i + 16 * (size_t)nb <= d; i += 16 * (size_t)nb, pf_n = 0)
+        i8a_vtiles_block_avx512_vnni(planes, nh, nb, kv->v, tiles, d, i, o + j * d, kv->next_v, pf_n);
+    for (; i < d; i += 16, pf_n = 0)
+        i8a_vtiles_block_avx512_vnni(planes, nh, 1, kv->v, tiles, d, i, o + j * d, kv->next_v, pf_n);
 }
 
 static void i8a_attend_avx512_vnni(const i8a_query *q, const i8a_span *kv, float *scratch,
@@ -337,7 +336,7 @@ static void i8a_attend_avx512_vnni(const i8a_query *q, const i8a_span *kv, float
 {
     const size_t d = q->d, n = kv->n, nq = q->nq;
     /* dh in the second half of the scratch, dl in the first: head j's logits overwrite its
-     * own dl element by element, each read before it is written */
+     * own dl element by element, each read before it is written, and its planes its dh */
     int32_t *dh = (int32_t *)(scratch + nq * I8A_CHUNK), *dl = (int32_t *)scratch;
     i8a_kdots_avx512_vnni(q, kv, dh, dl);
     for (size_t j = 0; j < nq; j++) {
@@ -347,14 +346,15 @@ static void i8a_attend_avx512_vnni(const i8a_query *q, const i8a_span *kv, float
                                                q->bias[j], q->softcap, q->inv_softcap, kv->ks, n, p);
         out->m[j] = m;
         out->l[j] = i8a_softmax_avx512_vnni(p, kv->vs, n, m);
+        i8a_planes_avx512_vnni(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j));
     }
     size_t j = 0, pf_n = kv->next_n;   /* the first group prefetches the next chunk's V */
     for (; j + 4 <= nq; j += 4, pf_n = 0)
-        i8a_v_group_avx512_vnni(scratch + j * I8A_CHUNK, 4, kv->v, n, d, out->o + j * d, kv->next_v, pf_n);
+        i8a_vtiles_group_avx512_vnni(scratch, nq, j, 4, kv, d, out->o, pf_n);
     switch (nq - j) {
-    case 3: i8a_v_group_avx512_vnni(scratch + j * I8A_CHUNK, 3, kv->v, n, d, out->o + j * d, kv->next_v, pf_n); break;
-    case 2: i8a_v_group_avx512_vnni(scratch + j * I8A_CHUNK, 2, kv->v, n, d, out->o + j * d, kv->next_v, pf_n); break;
-    case 1: i8a_v_group_avx512_vnni(scratch + j * I8A_CHUNK, 1, kv->v, n, d, out->o + j * d, kv->next_v, pf_n); break;
+    case 3: i8a_vtiles_group_avx512_vnni(scratch, nq, j, 3, kv, d, out->o, pf_n); break;
+    case 2: i8a_vtiles_group_avx512_vnni(scratch, nq, j, 2, kv, d, out->o, pf_n); break;
+    case 1: i8a_vtiles_group_avx512_vnni(scratch, nq, j, 1, kv, d, out->o, pf_n); break;
     default: break;
     }
 }

@@ -23,6 +23,14 @@
 #define I8A_INLINE static inline
 #endif
 
+/* n rounded up to a multiple of 16: the SIMD tiers work on the logit scratch in groups of 16
+ * tokens (the padding is written as zeros and masked out of the sum), and on the P planes in
+ * 16-byte vectors. */
+static inline size_t i8a_round16(size_t n)
+{
+    return (n + 15) & ~(size_t)15;
+}
+
 /* Rows whose absmax is below this are stored as zeros with scale 0: below it 127/absmax would
  * leave float range. 2^-100 (7.9e-31) is far below any activation that matters. */
 #define I8A_ABSMAX_MIN 7.88860905e-31f
@@ -154,6 +162,108 @@ static inline float i8a_logit(int32_t dh, int32_t dl, float c_hi, float c_lo, in
 {
     float hi = (float)dh * c_hi;
     return (two ? fmaf((float)dl, c_lo, hi) : hi) * ks;
+}
+
+/* The V pass in integers. A chunk's weights w[s] = p[s] * v_scale[s] (>= 0, finite) become
+ * two planes of 7-bit unsigned integers, as q becomes two planes with q_bits=16, and the sum
+ * over the chunk's positions is then an exact integer dot for every output dimension:
+ *   top = the largest w[s]; below I8A_WEIGHT_MIN both planes are 0 (scales 0: o = 0);
+ *   s_hi = top / 127, inv = 127 / top, s_lo = s_hi / 127, inv_lo = inv * 127;
+ *   hi[s] = min(floor(w[s] * inv), 127);
+ *   lo[s] = clamp(rint(fma(-hi[s], s_hi, w[s]) * inv_lo), 0, 127);
+ *   S_hi[i] = sum_s hi[s] * v[s][i], S_lo[i] likewise, in int32 (exact: |S| <= 256 * 127 * 127
+ *   < 2^23, so float(S) is exact too, and any order of the sum gives the same S);
+ *   o[i] = fma(float(S_lo[i]), s_lo, float(S_hi[i]) * s_hi).
+ * hi * s_hi + lo * s_lo is w to within about top / 32258 (the floor leaves a residual in
+ * [0, s_hi), which lo rounds to s_lo / 2). 7 bits a plane, not 8: SDOT multiplies signed bytes,
+ * and vpmaddubsw adds two products in int16 (2 * 127 * 127 = 32258 fits, 2 * 255 * 127 does
+ * not). The smallest top keeps s_lo a normal float (2^-110 / 127^2 > 2^-124); a chunk whose
+ * largest weight is below it adds less than 2^-94 * |v| to a sum whose l is at least 1. */
+#define I8A_WEIGHT_MIN 0x1p-110f
+
+/* Where head j of nq keeps its planes in an attend's scratch (dispatch.h: 2 * nq * I8A_CHUNK
+ * floats): in the second half, the 4 * I8A_CHUNK bytes of its K dots, which its logits have
+ * consumed by then: hi [I8A_PLANE_BYTES], lo [I8A_PLANE_BYTES], then s_hi, s_lo (floats). A
+ * plane's byte v_lead + s is row s's weight (the slot of the row in the V tiles); the bytes
+ * before v_lead and after the last row, up to a multiple of 16, are 0. */
+#define I8A_PLANE_BYTES 320
+
+static inline uint8_t *i8a_planes_at(float *scratch, size_t nq, size_t j)
+{
+    return (uint8_t *)(scratch + (nq + j) * I8A_CHUNK);
+}
+
+/* The scales of a chunk's planes (the rule above); all 0 when it has none, which makes every
+ * plane byte 0 by the same steps. */
+static inline void i8a_weight_scales(float top, float *s_hi, float *s_lo, float *inv,
+                                     float *inv_lo)
+{
+    if (!(top >= I8A_WEIGHT_MIN)) {
+        *s_hi = *s_lo = *inv = *inv_lo = 0.0f;
+        return;
+    }
+    *s_hi = top / 127.0f;
+    *s_lo = *s_hi / 127.0f;
+    *inv = 127.0f / top;
+    *inv_lo = *inv * 127.0f;
+}
+
+/* The two plane bytes of one weight (the rule above). */
+static inline void i8a_weight_one(float w, float s_hi, float inv, float inv_lo, uint8_t *hi,
+                                  uint8_t *lo)
+{
+    float h = floorf(w * inv);
+    h = h < 127.0f ? h : 127.0f;
+    float r = rintf(fmaf(-h, s_hi, w) * inv_lo);
+    r = r > 0.0f ? r : 0.0f;
+    r = r < 127.0f ? r : 127.0f;
+    *hi = (uint8_t)h;
+    *lo = (uint8_t)r;
+}
+
+/* The zeros of a head's planes around rows [lead, lead + n) (the layout above); the scales. */
+static inline void i8a_planes_frame(uint8_t *slot, size_t lead, size_t n, float s_hi, float s_lo)
+{
+    const size_t end = i8a_round16(lead + n);
+    memset(slot, 0, lead);
+    memset(slot + I8A_PLANE_BYTES, 0, lead);
+    memset(slot + lead + n, 0, end - lead - n);
+    memset(slot + I8A_PLANE_BYTES + lead + n, 0, end - lead - n);
+    memcpy(slot + 2 * I8A_PLANE_BYTES, &s_hi, sizeof s_hi);
+    memcpy(slot + 2 * I8A_PLANE_BYTES + sizeof s_hi, &s_lo, sizeof s_lo);
+}
+
+/* A head's planes from its weights w [n] (the scalar form; the SIMD tiers write the same
+ * bytes). */
+static inline void i8a_planes_scalar(const float *w, size_t n, size_t lead, uint8_t *slot)
+{
+    float s_hi, s_lo, inv, inv_lo;
+    float top = 0.0f;
+    for (size_t s = 0; s < n; s++)
+        top = w[s] > top ? w[s] : top;
+    i8a_weight_scales(top, &s_hi, &s_lo, &inv, &inv_lo);
+    for (size_t s = 0; s < n; s++)
+        i8a_weight_one(w[s], s_hi, inv, inv_lo, slot + lead + s, slot + I8A_PLANE_BYTES + lead + s);
+    i8a_planes_frame(slot, lead, n, s_hi, s_lo);
+}
+
+/* The scales of head j's planes. */
+static inline void i8a_planes_scales(const uint8_t *slot, float *s_hi, float *s_lo)
+{
+    memcpy(s_hi, slot + 2 * I8A_PLANE_BYTES, sizeof *s_hi);
+    memcpy(s_lo, slot + 2 * I8A_PLANE_BYTES + sizeof *s_hi, sizeof *s_lo);
+}
+
+/* One output value from its two integer sums (the rule above). */
+static inline float i8a_v_out(int32_t sh, int32_t sl, float s_hi, float s_lo)
+{
+    return fmaf((float)sl, s_lo, (float)sh * s_hi);
+}
+
+/* The V tiles a span reads: ceil((v_lead + n) / 4). */
+static inline size_t i8a_v_tiles(size_t lead, size_t n)
+{
+    return (lead + n + I8A_V_TILE - 1) / I8A_V_TILE;
 }
 
 /* The logit soft cap (Gemma 2): cap * tanh(logit / cap), tanh from the contract's expm1, which
@@ -425,9 +535,5 @@ static inline void i8a_prefetch_rows(const void *p, size_t bytes)
 
 /* Tokens rounded up to whole groups of 16: the SIMD tiers work on the logit scratch in these
  * groups; the padding is written as zeros and masked out of the sum. */
-static inline size_t i8a_round16(size_t n)
-{
-    return (n + 15) & ~(size_t)15;
-}
 
 #endif

@@ -45,18 +45,30 @@ typedef struct {
                             cache's K offset seen by the row (0 without one) */
 } i8a_query;
 
-/* One chunk of one kv head's history: rows s0 .. s0+n-1, pointers at row s0; and where the
- * thread's next chunk lies, as a prefetch hint (next_n = 0: none). */
+/* V is stored in tiles of I8A_V_TILE consecutive positions, so that one integer dot lane
+ * (SDOT, VPDPBUSD) sums the products of the tile's positions for one dimension: byte 4 i + r
+ * of a tile of d dims is dimension i of the tile's position r (tile t of a kv head holds
+ * positions 4 t .. 4 t + 3), and a kv head's tiles follow each other, 4 d bytes apart. */
+#define I8A_V_TILE 4
+
+/* One chunk of one kv head's history: rows s0 .. s0+n-1; and where the thread's next chunk
+ * lies, as a prefetch hint (next_n = 0: none). K rows are d bytes apart from row s0 on; V is
+ * read by whole tiles, from the tile holding row s0, in which row s0 is slot v_lead (the V
+ * pass reads the slots before v_lead and after the last row too, with weight 0). */
 typedef struct {
-    const int8_t *k, *v;      /* [n][d], rows d bytes apart */
+    const int8_t *k;          /* [n][d], rows d bytes apart */
+    const int8_t *v;          /* tiles [ceil((v_lead + n) / 4)][d][4], from row s0's */
     const float *ks, *vs;     /* [n] */
     size_t n;                 /* 1 .. I8A_CHUNK */
-    const int8_t *next_k, *next_v;  /* [next_n][d] */
+    size_t v_lead;            /* s0 % I8A_V_TILE: row s0's slot in its tile */
+    const int8_t *next_k;     /* [next_n][d] */
+    const int8_t *next_v;     /* the tile holding the next span's first row */
     size_t next_n;
 } i8a_span;
 
 /* Softmax state of nq query heads over some tokens: max logit, sum of exp(logit - m), and
- * the unnormalized output sum_s exp(logit_s - m) * v_scale_s * v_s. */
+ * the unnormalized output sum_s exp(logit_s - m) * v_scale_s * v_s (over a chunk, with the
+ * weights exp(logit_s - m) * v_scale_s in integer planes: common.h). */
 typedef struct {
     float *m;       /* [nq] */
     float *l;       /* [nq] */

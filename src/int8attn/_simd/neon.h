@@ -221,62 +221,127 @@ I8A_INLINE float i8a_logits_neon(const int32_t *dh, const int32_t *dl, float c_h
     return m;
 }
 
-/* Sixteen V codes as four float vectors. */
-I8A_INLINE void i8a_v16_neon(const int8_t *p, float32x4_t x[4])
+/* A head's P planes from its weights w [round16(n)] (zeros past n; common.h's rule, 16 weights
+ * at a time: floor (vrndm) and min on floats, the residual by one fused step (vfms: w - h s_hi),
+ * rint by vcvtn (nearest, ties to even), clamped as integers, narrowed to bytes: the bytes of
+ * i8a_planes_scalar). */
+I8A_INLINE void i8a_planes_neon(const float *w, size_t n, size_t lead, uint8_t *slot)
 {
-    int8x16_t v = vld1q_s8(p);
-    int16x8_t a = vmovl_s8(vget_low_s8(v)), b = vmovl_s8(vget_high_s8(v));
-    x[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(a)));
-    x[1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(a)));
-    x[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(b)));
-    x[3] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(b)));
+    float32x4_t most = vdupq_n_f32(0.0f);
+    for (size_t s = 0; s < n; s += 4)
+        most = vmaxq_f32(most, vld1q_f32(w + s));             /* the padding's zeros too */
+    float s_hi, s_lo, inv, inv_lo;
+    i8a_weight_scales(vmaxvq_f32(most), &s_hi, &s_lo, &inv, &inv_lo);
+    const float32x4_t top = vdupq_n_f32(127.0f);
+    const int32x4_t zero = vdupq_n_s32(0), most_i = vdupq_n_s32(127);
+    for (size_t s = 0; s < n; s += 16) {
+        int32x4_t hi[4], lo[4];
+        for (int b = 0; b < 4; b++) {
+            const float32x4_t x = vld1q_f32(w + s + 4 * b);
+            const float32x4_t h = vminq_f32(vrndmq_f32(vmulq_n_f32(x, inv)), top);
+            const int32x4_t l = vcvtnq_s32_f32(vmulq_n_f32(vfmsq_n_f32(x, h, s_hi), inv_lo));
+            hi[b] = vcvtq_s32_f32(h);
+            lo[b] = vminq_s32(vmaxq_s32(l, zero), most_i);
+        }
+        const int16x8_t h01 = vcombine_s16(vmovn_s32(hi[0]), vmovn_s32(hi[1]));
+        const int16x8_t h23 = vcombine_s16(vmovn_s32(hi[2]), vmovn_s32(hi[3]));
+        const int16x8_t l01 = vcombine_s16(vmovn_s32(lo[0]), vmovn_s32(lo[1]));
+        const int16x8_t l23 = vcombine_s16(vmovn_s32(lo[2]), vmovn_s32(lo[3]));
+        vst1q_s8((int8_t *)slot + lead + s, vcombine_s8(vmovn_s16(h01), vmovn_s16(h23)));
+        vst1q_s8((int8_t *)slot + I8A_PLANE_BYTES + lead + s,
+                 vcombine_s8(vmovn_s16(l01), vmovn_s16(l23)));
+    }
+    i8a_planes_frame(slot, lead, n, s_hi, s_lo);
 }
 
-/* o[h][i0 .. i0 + 16 nu) = sum_s w[h][s] * v[s][.] in token order (fused), for NH heads sharing
- * each converted V row; prefetches pf_n rows of pf (the next chunk's V). NH and NU constant. */
-I8A_INLINE void i8a_v_block_neon(const float *w, int nh, int nu, const int8_t *v, size_t n,
-                                 size_t d, size_t i0, float *o, const int8_t *pf, size_t pf_n)
+/* acc[0 .. 1] += the products of 16 V bytes (4 dims x a tile's 4 positions) with a P word
+ * repeated in every 32-bit lane, kept so that i8a_vdims_neon can give each dimension's sum.
+ * Without SDOT (this tier): vmull_s8 of each half, then vpadalq_s16 adds the pairs of
+ * positions, acc[0] for dims 0-1 (two lanes each), acc[1] for dims 2-3. */
+typedef void (*i8a_vdot_neon_fn)(int32x4_t *acc, int8x16_t x, int8x16_t p);
+
+I8A_INLINE void i8a_vdot_neon(int32x4_t *acc, int8x16_t x, int8x16_t p)
 {
-    float32x4_t acc[4][4][4];
+    acc[0] = vpadalq_s16(acc[0], vmull_s8(vget_low_s8(x), vget_low_s8(p)));
+    acc[1] = vpadalq_s16(acc[1], vmull_high_s8(x, p));
+}
+
+/* The 4 dimensions' sums of acc: paired (i8a_vdot_neon): the pairs of lanes added; else acc[0]
+ * already holds them (SDOT). */
+I8A_INLINE int32x4_t i8a_vdims_neon(const int32x4_t *acc, int paired)
+{
+    return paired ? vpaddq_s32(acc[0], acc[1]) : acc[0];
+}
+
+/* The integer V pass (common.h) of NH heads over dims [i0, i0 + 4 nu): per tile, each head's
+ * plane words repeated in every lane (ld1r), one vdot step per plane, head and 4 dims, then o
+ * from the two sums. The first block prefetches pf_n rows of pf (the next chunk's V). NH, NU
+ * and paired are constants at every call. */
+I8A_INLINE void
+i8a_vtiles_block_neon(i8a_vdot_neon_fn vdot, int paired, const uint8_t *const *planes, int nh,
+                      int nu, const int8_t *v, size_t tiles, size_t d, size_t i0, float *o,
+                      const int8_t *pf, size_t pf_n)
+{
+    int32x4_t ah[4][8][2], al[4][8][2];
     for (int h = 0; h < nh; h++)
         for (int u = 0; u < nu; u++)
-            for (int k = 0; k < 4; k++)
-                acc[h][u][k] = vdupq_n_f32(0.0f);
-    for (size_t s = 0; s < n; s++) {
-        if (s < pf_n)
-            i8a_prefetch_rows(pf + s * d, d);
-        for (int u = 0; u < nu; u++) {
-            float32x4_t x[4];
-            i8a_v16_neon(v + s * d + i0 + 16 * u, x);
-            for (int h = 0; h < nh; h++)
-                for (int k = 0; k < 4; k++)
-                    acc[h][u][k] = vfmaq_n_f32(acc[h][u][k], x[k], w[h * I8A_CHUNK + s]);
+            for (int k = 0; k < 2; k++)
+                ah[h][u][k] = al[h][u][k] = vdupq_n_s32(0);
+    for (size_t t = 0; t < tiles; t++) {
+        if (I8A_V_TILE * t < pf_n)
+            i8a_prefetch_rows(pf + I8A_V_TILE * t * d, I8A_V_TILE * d);
+        const int8_t *x = v + (t * d + i0) * I8A_V_TILE;
+        int8x16_t xv[8];
+        for (int u = 0; u < nu; u++)
+            xv[u] = vld1q_s8(x + 16 * u);
+        for (int h = 0; h < nh; h++) {
+            const uint8_t *ph = planes[h] + I8A_V_TILE * t;
+            const int8x16_t wh = vreinterpretq_s8_u32(vld1q_dup_u32((const uint32_t *)ph));
+            const int8x16_t wl = vreinterpretq_s8_u32(vld1q_dup_u32((const uint32_t *)(ph + I8A_PLANE_BYTES)));
+            for (int u = 0; u < nu; u++) {
+                vdot(ah[h][u], xv[u], wh);
+                vdot(al[h][u], xv[u], wl);
+            }
         }
     }
-    for (int h = 0; h < nh; h++)
-        for (int u = 0; u < nu; u++)
-            for (int k = 0; k < 4; k++)
-                vst1q_f32(o + h * d + i0 + 16 * u + 4 * k, acc[h][u][k]);
+    for (int h = 0; h < nh; h++) {
+        float s_hi, s_lo;
+        i8a_planes_scales(planes[h], &s_hi, &s_lo);
+        for (int u = 0; u < nu; u++) {
+            const float32x4_t hi = vmulq_n_f32(vcvtq_f32_s32(i8a_vdims_neon(ah[h][u], paired)), s_hi);
+            vst1q_f32(o + h * d + i0 + 4 * u,
+                      vfmaq_n_f32(hi, vcvtq_f32_s32(i8a_vdims_neon(al[h][u], paired)), s_lo));
+        }
+    }
 }
 
-I8A_INLINE void i8a_v_group_neon(const float *w, int nh, const int8_t *v, size_t n, size_t d,
-                                 float *o, const int8_t *pf, size_t pf_n)
+/* The V pass of heads [j, j + NH): blocks as wide as the 32 registers allow (half as wide with
+ * paired accumulators), then single vectors for the rest of d. */
+I8A_INLINE void i8a_vtiles_group_neon(i8a_vdot_neon_fn vdot, int paired, float *scratch,
+                                      size_t nq, size_t j, int nh, const i8a_span *kv, size_t d,
+                                      float *o, size_t pf_n)
 {
-    const int nu = nh == 1 ? 4 : nh == 2 ? 2 : 1;
+    const uint8_t *planes[4];
+    for (int h = 0; h < nh; h++)
+        planes[h] = i8a_planes_at(scratch, nq, j + (size_t)h);
+    const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n);
+    const int nu = (nh == 1 ? 8 : nh == 2 ? 4 : 2) / (paired ? 2 : 1);
     size_t i = 0;
-    for (; i + 16 * (size_t)nu <= d; i += 16 * (size_t)nu, pf_n = 0)
-        i8a_v_block_neon(w, nh, nu, v, n, d, i, o, pf, pf_n);
-    for (; i < d; i += 16, pf_n = 0)
-        i8a_v_block_neon(w, nh, 1, v, n, d, i, o, pf, pf_n);
+    for (; i + 4 * (size_t)nu <= d; i += 4 * (size_t)nu, pf_n = 0)
+        i8a_vtiles_block_neon(vdot, paired, planes, nh, nu, kv->v, tiles, d, i, o + j * d, kv->next_v, pf_n);
+    for (; i < d; i += 4, pf_n = 0)
+        i8a_vtiles_block_neon(vdot, paired, planes, nh, 1, kv->v, tiles, d, i, o + j * d, kv->next_v, pf_n);
 }
 
-/* The attend of both aarch64 tiers; only the 16-byte dot step differs. */
-I8A_INLINE void i8a_attend_with_neon(i8a_dot16_neon_fn dot16, const i8a_query *q,
-                                     const i8a_span *kv, float *scratch, const i8a_state *out)
+/* The attend of both aarch64 tiers; only the 16-byte dot steps differ (K's, and V's with the
+ * shape of its accumulators). */
+I8A_INLINE void i8a_attend_with_neon(i8a_dot16_neon_fn dot16, i8a_vdot_neon_fn vdot, int paired,
+                                     const i8a_query *q, const i8a_span *kv, float *scratch,
+                                     const i8a_state *out)
 {
     const size_t d = q->d, n = kv->n, nq = q->nq;
     /* dh in the second half of the scratch, dl in the first: head j's logits overwrite its
-     * own dl element by element, each read before it is written */
+     * own dl element by element, each read before it is written, and its planes its dh */
     int32_t *dh = (int32_t *)(scratch + nq * I8A_CHUNK), *dl = (int32_t *)scratch;
     i8a_kdots_with_neon(dot16, q, kv, dh, dl);
     for (size_t j = 0; j < nq; j++) {
@@ -293,14 +358,15 @@ I8A_INLINE void i8a_attend_with_neon(i8a_dot16_neon_fn dot16, const i8a_query *q
             vst1q_f32(p + s, vmulq_f32(vld1q_f32(p + s), vld1q_f32(kv->vs + s)));
         for (; s < n; s++)
             p[s] = p[s] * kv->vs[s];
+        i8a_planes_neon(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j));
     }
     size_t j = 0, pf_n = kv->next_n;   /* the first group prefetches the next chunk's V */
     for (; j + 4 <= nq; j += 4, pf_n = 0)
-        i8a_v_group_neon(scratch + j * I8A_CHUNK, 4, kv->v, n, d, out->o + j * d, kv->next_v, pf_n);
+        i8a_vtiles_group_neon(vdot, paired, scratch, nq, j, 4, kv, d, out->o, pf_n);
     switch (nq - j) {
-    case 3: i8a_v_group_neon(scratch + j * I8A_CHUNK, 3, kv->v, n, d, out->o + j * d, kv->next_v, pf_n); break;
-    case 2: i8a_v_group_neon(scratch + j * I8A_CHUNK, 2, kv->v, n, d, out->o + j * d, kv->next_v, pf_n); break;
-    case 1: i8a_v_group_neon(scratch + j * I8A_CHUNK, 1, kv->v, n, d, out->o + j * d, kv->next_v, pf_n); break;
+    case 3: i8a_vtiles_group_neon(vdot, paired, scratch, nq, j, 3, kv, d, out->o, pf_n); break;
+    case 2: i8a_vtiles_group_neon(vdot, paired, scratch, nq, j, 2, kv, d, out->o, pf_n); break;
+    case 1: i8a_vtiles_group_neon(vdot, paired, scratch, nq, j, 1, kv, d, out->o, pf_n); break;
     default: break;
     }
 }
@@ -308,7 +374,7 @@ I8A_INLINE void i8a_attend_with_neon(i8a_dot16_neon_fn dot16, const i8a_query *q
 static void i8a_attend_neon(const i8a_query *q, const i8a_span *kv, float *scratch,
                             const i8a_state *out)
 {
-    i8a_attend_with_neon(i8a_dot16_neon, q, kv, scratch, out);
+    i8a_attend_with_neon(i8a_dot16_neon, i8a_vdot_neon, 1, q, kv, scratch, out);
 }
 
 static void i8a_merge_neon(const i8a_state *run, const i8a_state *chunk, size_t d)

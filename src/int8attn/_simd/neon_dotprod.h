@@ -19,10 +19,16 @@ I8A_INLINE int32x4_t i8a_dot16_neon_dotprod(int32x4_t acc, int8x16_t a, int8x16_
     return vdotq_s32(acc, a, b);
 }
 
+/* The V step with SDOT: each 32-bit lane sums its dimension's 4 products (acc[1] unused). */
+I8A_INLINE void i8a_vdot_neon_dotprod(int32x4_t *acc, int8x16_t x, int8x16_t p)
+{
+    acc[0] = vdotq_s32(acc[0], x, p);
+}
+
 static void i8a_attend_neon_dotprod(const i8a_query *q, const i8a_span *kv, float *scratch,
                                     const i8a_state *out)
 {
-    i8a_attend_with_neon(i8a_dot16_neon_dotprod, q, kv, scratch, out);
+    i8a_attend_with_neon(i8a_dot16_neon_dotprod, i8a_vdot_neon_dotprod, 0, q, kv, scratch, out);
 }
 
 #if defined(__clang__)

@@ -27,10 +27,32 @@ static inline int32_t i8a_dot_scalar(const int8_t *a, const int8_t *b, size_t d)
     return acc;
 }
 
+/* The integer V pass (common.h) of heads [0, nq): S over the span's tiles, then o. */
+static void i8a_vpass_scalar(float *scratch, size_t nq, const i8a_span *kv, size_t d, float *o)
+{
+    const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n);
+    for (size_t j = 0; j < nq; j++) {
+        const uint8_t *hi = i8a_planes_at(scratch, nq, j), *lo = hi + I8A_PLANE_BYTES;
+        float s_hi, s_lo;
+        i8a_planes_scales(hi, &s_hi, &s_lo);
+        for (size_t i = 0; i < d; i++) {
+            int32_t sh = 0, sl = 0;
+            for (size_t t = 0; t < tiles; t++) {
+                const int8_t *x = kv->v + (t * d + i) * I8A_V_TILE;
+                for (size_t r = 0; r < I8A_V_TILE; r++) {
+                    sh += (int32_t)hi[t * I8A_V_TILE + r] * x[r];
+                    sl += (int32_t)lo[t * I8A_V_TILE + r] * x[r];
+                }
+            }
+            o[j * d + i] = i8a_v_out(sh, sl, s_hi, s_lo);
+        }
+    }
+}
+
 /* Each query head against a chunk, in the contract's order:
  *   logit[s] by i8a_logit_capped (common.h);  m = max_s logit[s];
- *   p[s] = exp(logit[s] - m);  l = the 16-lane sum of p (common.h)
- *   o[i] = 0, then for s in order: o[i] = fma(p[s] * v_scale[s], float(v[s][i]), o[i]) */
+ *   p[s] = exp(logit[s] - m);  l = the 16-lane sum of p (common.h);
+ *   w[s] = p[s] * v_scale[s] into two integer planes, and o from their integer sums (common.h) */
 static void i8a_attend_scalar(const i8a_query *q, const i8a_span *kv, float *scratch,
                               const i8a_state *out)
 {
@@ -54,18 +76,13 @@ static void i8a_attend_scalar(const i8a_query *q, const i8a_span *kv, float *scr
             p[s] = i8a_exp_scalar(p[s] - m);
             lane[s % I8A_SUM_LANES] += p[s];
         }
-        float *o = out->o + j * d;
-        for (size_t i = 0; i < d; i++)
-            o[i] = 0.0f;
-        for (size_t s = 0; s < n; s++) {
-            float w = p[s] * kv->vs[s];
-            const int8_t *vr = kv->v + s * d;
-            for (size_t i = 0; i < d; i++)
-                o[i] = fmaf(w, (float)vr[i], o[i]);
-        }
+        for (size_t s = 0; s < n; s++)
+            p[s] = p[s] * kv->vs[s];
+        i8a_planes_scalar(p, n, kv->v_lead, i8a_planes_at(scratch, q->nq, j));
         out->m[j] = m;
         out->l[j] = i8a_reduce_lanes(lane);
     }
+    i8a_vpass_scalar(scratch, q->nq, kv, d, out->o);
 }
 
 static void i8a_merge_scalar(const i8a_state *run, const i8a_state *chunk, size_t d)
