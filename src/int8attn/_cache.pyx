@@ -24,6 +24,7 @@ cdef extern from "_simd/dispatch.h" nogil:
     enum:
         I8A_CHUNK
         I8A_MAX_HEAD_DIM
+        I8A_V_TILE
     ctypedef struct i8a_query:
         size_t d, nq
         int two_planes
@@ -127,7 +128,7 @@ cdef extern from "_pool.h" nogil:
 
 
 # the C limits are the ones _format states (its docstring)
-for _name, _c_value in (("CHUNK", I8A_CHUNK), ("MAX_HEAD_DIM", I8A_MAX_HEAD_DIM),
+for _name, _c_value in (("CHUNK", I8A_CHUNK), ("MAX_HEAD_DIM", I8A_MAX_HEAD_DIM), ("V_TILE", I8A_V_TILE),
                         ("OFFSET_MIN_ROWS", I8A_OFFSET_MIN_ROWS), ("RECENT_MAX", I8A_RECENT_MAX),
                         ("VALUE_MAX", I8A_VALUE_MAX),
                         ("QSCALE_MAX", I8A_QSCALE_MAX), ("MAX_THREADS", I8A_MAX_THREADS)):
@@ -252,27 +253,27 @@ def _hold(rows, halves, scales, size_t ring):
             s[g, pos] = kt.half_row(&x[pos, g, 0], d, &h[g * ring + pos, 0])
 
 
-def _v_tiles(size_t cap):
-    """V tiles per kv head for a capacity of cap positions (4 positions a tile)."""
-    return (cap + 3) // 4
+def _tile_count(size_t cap):
+    """V tiles per kv head for a capacity of cap positions (F.V_TILE positions a tile)."""
+    return (cap + F.V_TILE - 1) // F.V_TILE
 
 
 def _untile(tiles, size_t n):
-    """Positions 0 .. n-1 of V tiles [Hkv, T, D, 4] (byte r of dimension i of tile t: position
-    4 t + r) as rows [Hkv, n, D], a new array."""
+    """Positions 0 .. n-1 of V tiles [Hkv, T, D, V_TILE] (byte r of dimension i of tile t:
+    position V_TILE t + r) as rows [Hkv, n, D], a new array."""
     hkv, t, d = tiles.shape[0], tiles.shape[1], tiles.shape[2]
-    rows = tiles.transpose(0, 1, 3, 2).reshape(hkv, 4 * t, d)
+    rows = tiles.transpose(0, 1, 3, 2).reshape(hkv, F.V_TILE * t, d)
     return np.ascontiguousarray(rows[:, :n])
 
 
 def _tile_into(tiles, rows):
-    """Rows [Hkv, n, D] int8 into positions 0 .. n-1 of V tiles [Hkv, T, D, 4] (_untile's
+    """Rows [Hkv, n, D] int8 into positions 0 .. n-1 of V tiles [Hkv, T, D, V_TILE] (_untile's
     inverse; the slots past n are left as they are)."""
     hkv, n, d = rows.shape
-    whole = n // 4
-    tiles[:, :whole] = rows[:, :4 * whole].reshape(hkv, whole, 4, d).transpose(0, 1, 3, 2)
-    if n % 4:
-        tiles[:, whole, :, :n % 4] = rows[:, 4 * whole:].transpose(0, 2, 1)
+    whole, part, size = n // F.V_TILE, n % F.V_TILE, F.V_TILE
+    tiles[:, :whole] = rows[:, :size * whole].reshape(hkv, whole, size, d).transpose(0, 1, 3, 2)
+    if part:
+        tiles[:, whole, :, :part] = rows[:, size * whole:].transpose(0, 2, 1)
 
 
 def _readonly(arr):
@@ -361,7 +362,7 @@ An int8 KV cache for single-token decode attention.
         # no call can swap a buffer from under a decode running without the GIL.
         hkv, cap, d, rotate, seed, keep_first, center, recent = _args.constructor(args, kwargs)
         self._k = _aligned_empty((hkv, cap, d), "b", 1)
-        self._v = _aligned_empty((hkv, _v_tiles(cap), d, 4), "b", 1)   # tiles (_untile)
+        self._v = _aligned_empty((hkv, _tile_count(cap), d, F.V_TILE), "b", 1)   # (_untile)
         self._ks = _aligned_empty((hkv, cap), "f", 4)
         self._vs = _aligned_empty((hkv, cap), "f", 4)
         self._k_ro = _readonly(self._k)
@@ -434,7 +435,7 @@ An int8 KV cache for single-token decode attention.
         hkv, d, cap = self._c.n_kv_heads, self._c.head_dim, self._c.max_seq
         extra = 2 * hkv * (int(self.keep_first) + int(self.center)) * d * 4
         extra += 2 * hkv * self._c.ring * (d * 2 + 4)
-        return hkv * (cap * (d + 8) + 4 * _v_tiles(cap) * d) + extra
+        return hkv * (cap * (d + 8) + F.V_TILE * _tile_count(cap) * d) + extra
 
     def __len__(self):
         return self._c.length
@@ -463,8 +464,8 @@ An int8 KV cache for single-token decode attention.
             self._leave()
 
     def _v_tiles(self):
-        """Read-only view of the whole V buffer, [Hkv, ceil(max_seq / 4), D, 4] int8: byte r of
-        dimension i of tile t is position 4 t + r (the slots past the length hold whatever was
+        """Read-only view of the whole V buffer, [Hkv, ceil(max_seq / 4), D, 4] int8 (4:
+        _format.V_TILE): byte r of dimension i of tile t is position 4 t + r (the slots past the length hold whatever was
         last written there, or nothing defined). For tests and the benchmarks' probe check."""
         return _readonly(self._v)
 
@@ -904,11 +905,11 @@ def _attend(q_hi, q_lo, c_hi, c_lo, k, k_scale, v, v_scale, bias, softcap=0.0, t
     cdef const int8_t[:, ::1] ql = np.ascontiguousarray(q_lo, np.int8)
     cdef const int8_t[:, ::1] km = np.ascontiguousarray(k, np.int8)
     v = np.asarray(v)
-    if not (v.ndim == 2 and 0 <= lead < 4):
+    if not (v.ndim == 2 and 0 <= lead < F.V_TILE):
         raise ValueError("_attend: v must be [n, d] and lead in 0 .. 3")
     rows = np.full((1, lead + v.shape[0], v.shape[1]), -127, np.int8)   # the unread slots
     rows[0, lead:] = v
-    tiles = np.full((1, _v_tiles(rows.shape[1]), v.shape[1], 4), -127, np.int8)
+    tiles = np.full((1, _tile_count(rows.shape[1]), v.shape[1], F.V_TILE), -127, np.int8)
     _tile_into(tiles, rows)
     cdef const int8_t[:, :, :, ::1] vt = tiles
     cdef const int8_t[:, ::1] vm = np.ascontiguousarray(v, np.int8)

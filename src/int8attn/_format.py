@@ -21,6 +21,7 @@ DEFAULT = FORMATS["default"]
 
 MAX_HEAD_DIM = 1024                # head_dim: a multiple of 16, at most this
 CHUNK = 256                        # tokens per softmax chunk (the contract's order)
+V_TILE = 4                         # positions per tile of V's codes (the integer V dots)
 OFFSET_MIN_ROWS = 16               # rows past position 0 an append needs to set the offsets
 RECENT_MAX = 1024                  # the largest recent window
 VALUE_MAX = 2.0 ** 64              # |k|, |v|, |q| the format takes

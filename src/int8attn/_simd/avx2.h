@@ -299,14 +299,14 @@ static inline void i8a_planes_avx2(const float *w, size_t n, size_t lead, uint8_
     float s_hi, s_lo, inv, inv_lo;
     i8a_weight_scales(i8a_hmax8_avx2(most), &s_hi, &s_lo, &inv, &inv_lo);
     const __m256 vsh = _mm256_set1_ps(s_hi), vinv = _mm256_set1_ps(inv);
-    const __m256 vinl = _mm256_set1_ps(inv_lo), top = _mm256_set1_ps(127.0f);
+    const __m256 vinl = _mm256_set1_ps(inv_lo), most_f = _mm256_set1_ps(127.0f);
     const __m256i zero = _mm256_setzero_si256(), most_i = _mm256_set1_epi32(127);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (size_t s = 0; s < n; s += 16) {
         __m256i hi[2], lo[2];
         for (int b = 0; b < 2; b++) {
             const __m256 x = _mm256_load_ps(w + s + 8 * b);
-            const __m256 h = _mm256_min_ps(_mm256_floor_ps(_mm256_mul_ps(x, vinv)), top);
+            const __m256 h = _mm256_min_ps(_mm256_floor_ps(_mm256_mul_ps(x, vinv)), most_f);
             const __m256i l = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_fnmadd_ps(h, vsh, x), vinl));
             hi[b] = _mm256_cvttps_epi32(h);
             lo[b] = _mm256_min_epi32(_mm256_max_epi32(l, zero), most_i);

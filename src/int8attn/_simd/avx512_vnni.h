@@ -250,13 +250,13 @@ static inline void i8a_planes_avx512_vnni(const float *w, size_t n, size_t lead,
     float s_hi, s_lo, inv, inv_lo;
     i8a_weight_scales(_mm512_reduce_max_ps(most), &s_hi, &s_lo, &inv, &inv_lo);
     const __m512 vsh = _mm512_set1_ps(s_hi), vinv = _mm512_set1_ps(inv);
-    const __m512 vinl = _mm512_set1_ps(inv_lo), top = _mm512_set1_ps(127.0f);
+    const __m512 vinl = _mm512_set1_ps(inv_lo), most_f = _mm512_set1_ps(127.0f);
     const __m512i zero = _mm512_setzero_si512(), most_i = _mm512_set1_epi32(127);
     for (size_t s = 0; s < n; s += 16) {
         const __mmask16 live = n - s >= 16 ? 0xffff : (__mmask16)((1u << (n - s)) - 1);
         const __m512 x = _mm512_maskz_loadu_ps(live, w + s);
         __m512 h = _mm512_roundscale_ps(_mm512_mul_ps(x, vinv), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-        h = _mm512_min_ps(h, top);
+        h = _mm512_min_ps(h, most_f);
         __m512i l = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_fnmadd_ps(h, vsh, x), vinl));
         l = _mm512_min_epi32(_mm512_max_epi32(l, zero), most_i);
         _mm_mask_storeu_epi8(slot + lead + s, live, _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(h)));

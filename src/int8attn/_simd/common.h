@@ -533,7 +533,4 @@ static inline void i8a_prefetch_rows(const void *p, size_t bytes)
 #endif
 }
 
-/* Tokens rounded up to whole groups of 16: the SIMD tiers work on the logit scratch in these
- * groups; the padding is written as zeros and masked out of the sum. */
-
 #endif

@@ -232,13 +232,13 @@ I8A_INLINE void i8a_planes_neon(const float *w, size_t n, size_t lead, uint8_t *
         most = vmaxq_f32(most, vld1q_f32(w + s));             /* the padding's zeros too */
     float s_hi, s_lo, inv, inv_lo;
     i8a_weight_scales(vmaxvq_f32(most), &s_hi, &s_lo, &inv, &inv_lo);
-    const float32x4_t top = vdupq_n_f32(127.0f);
+    const float32x4_t most_f = vdupq_n_f32(127.0f);
     const int32x4_t zero = vdupq_n_s32(0), most_i = vdupq_n_s32(127);
     for (size_t s = 0; s < n; s += 16) {
         int32x4_t hi[4], lo[4];
         for (int b = 0; b < 4; b++) {
             const float32x4_t x = vld1q_f32(w + s + 4 * b);
-            const float32x4_t h = vminq_f32(vrndmq_f32(vmulq_n_f32(x, inv)), top);
+            const float32x4_t h = vminq_f32(vrndmq_f32(vmulq_n_f32(x, inv)), most_f);
             const int32x4_t l = vcvtnq_s32_f32(vmulq_n_f32(vfmsq_n_f32(x, h, s_hi), inv_lo));
             hi[b] = vcvtq_s32_f32(h);
             lo[b] = vminq_s32(vmaxq_s32(l, zero), most_i);
