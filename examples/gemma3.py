@@ -246,8 +246,20 @@ class Gemma3:
             h = h + rms_norm(f, w[b + "post_ffw_norm.weight"], self.eps)
         return rms_norm(h, w["output_norm.weight"], self.eps)
 
-    def logits(self, hidden):
-        return hidden @ self.embed.T
+    def logits(self, hidden, rows=None):
+        """hidden [T, dim] -> [T, vocab]; with `rows`, in blocks of that many rows, the last one
+        zero-padded: the matrix product then has one shape whatever T is, and a BLAS that picks
+        its kernels by shape gives each row the same bits in a run cut short (the report's
+        --limit)."""
+        if rows is None:
+            return hidden @ self.embed.T
+        out = np.empty((len(hidden), self.embed.shape[0]), np.float32)
+        for b in range(0, len(hidden), rows):
+            block = hidden[b:b + rows]
+            if len(block) < rows:
+                block = np.concatenate([block, np.zeros((rows - len(block), block.shape[1]), block.dtype)])
+            out[b:b + rows] = (block @ self.embed.T)[:len(hidden) - b]
+        return out
 
     def generate(self, prompt, n_tokens, chunk=128, max_seq=2048):
         ids = self.tokenizer.encode(prompt)
@@ -350,13 +362,13 @@ def compare(model, text_path, first=1000, chunk=128, rotation_seed=0, variants=V
     if progress:
         progress(f"[{time.perf_counter() - t0:6.1f} s] scoring {n - first} positions")
     for b in range(0, n - first, 64):
-        logits = model.logits(hidden["fp32"][b:b + 64])
+        logits = model.logits(hidden["fp32"][b:b + 64], rows=64)
         top2 = np.partition(logits, -2, axis=-1)[:, -2:]
         margin.append(top2[:, 1] - top2[:, 0])
         p = softmax(logits)
         logp, top = np.log(p + 1e-30), p.argmax(-1)
         for name in kl:
-            q = softmax(model.logits(hidden[name][b:b + 64]))
+            q = softmax(model.logits(hidden[name][b:b + 64], rows=64))
             kl[name].append(np.sum(p * (logp - np.log(q + 1e-30)), axis=-1))
             same[name].append(top == q.argmax(-1))
     margin = np.concatenate(margin)

@@ -231,7 +231,7 @@ def test_the_largest_inputs_give_finite_one_hot_attention_on_every_tier(fmt):
     kd, vd = cache.dequantize()
     assert np.all(np.isfinite(out)) and np.all(np.abs(out) <= np.abs(vd).max() * (1 + 1e-5))
     if fmt is PLAIN:        # exact codes and logits: the same ties as float64 attention (the
-        # weights of the ties in integer planes: within 1/32258 of the largest, emulated)
+        # weights of the ties in integer planes: within 1 / (2 * 127^3) of the largest, emulated)
         np.testing.assert_allclose(out, R.emulate(q, cache, scale=scale), atol=1e-6)
         np.testing.assert_allclose(out, R.attention(q, kd, vd, scale=scale), atol=1e-4)
 
@@ -320,7 +320,7 @@ def test_soft_cap_without_cancellation(cap):
     ref = attention_over_history(cache, q, softcap=cap)
     assert rel_err(out.reshape(-1, 64), ref.reshape(-1, 64)) <= CONTRACT
     if cap >= 1e5:      # the cap changes no logit by more than a float32 step (which can move
-        # a weight across a rounding boundary of its integer plane: 1/16129 of the chunk's top)
+        # a weight across a rounding boundary of its integer planes: 1 / 127^3 of the chunk's top)
         np.testing.assert_allclose(out, cache.decode(q), rtol=0, atol=1e-5)
 
 

@@ -81,7 +81,7 @@ def test_attend_dots_are_exact(tier, d, two_planes):
 @pytest.mark.parametrize("lead", [0, 1, 3])
 def test_attend_softmax_and_v_sum(tier, n, lead):
     """The chunk's l and o against float64: l = sum exp(logit - m), o = sum w v with the weights
-    w = p v_scale in their two integer planes (each within 1/32258 of the largest weight), V
+    w = p v_scale in their three integer planes (each within top / (2 * 127^3)), V
     read from slot `lead` of its first tile (the other slots hold -127, with weight 0)."""
     rng = np.random.default_rng(n)
     d = 80
@@ -100,12 +100,12 @@ def test_attend_softmax_and_v_sum(tier, n, lead):
     exact = w @ v.astype(np.float64)
     scale = np.abs(exact).max()
     np.testing.assert_allclose(o2, R.weight_planes(w) @ v, rtol=1e-5, atol=1e-6 * scale)
-    bound = w.max(axis=1, keepdims=True) / 32258 * np.abs(v).sum(axis=0)     # [3, d]
+    bound = w.max(axis=1, keepdims=True) / (2 * 127**3) * np.abs(v).sum(axis=0)     # [3, d]
     assert np.all(np.abs(o2 - exact) <= bound * 1.01 + 1e-6 * scale)
 
 
 def test_a_chunk_whose_weights_are_all_below_the_planes_floor_adds_nothing(tier):
-    """The largest weight below 2^-110 (the top logit's V row is zeros, every other weight is
+    """The largest weight below 2^-100 (the top logit's V row is zeros, every other weight is
     exp(-87) at most): no planes, o exactly 0, while l counts the top token."""
     d, n = 32, 9
     k = np.zeros((n, d), np.int8)
@@ -192,6 +192,6 @@ def test_uniform_logits_bit_exact_across_tiers(construction, s, rotate):
     for out in outs[1:]:
         np.testing.assert_array_equal(out.view(np.int32), outs[0].view(np.int32))
     mean = cache.dequantize()[1].astype(np.float64).mean(axis=0)
-    # (the weights, p * v_scale = v_scale, in integer planes: within 1/32258 of the largest)
+    # (the weights, p * v_scale = v_scale, in integer planes: within 1 / (2 * 127^3) of the largest)
     np.testing.assert_allclose(outs[0], np.repeat(mean, h // hkv, axis=0), rtol=0, atol=5e-5)
     np.testing.assert_allclose(outs[0], R.emulate(q, cache), rtol=0, atol=1e-6)

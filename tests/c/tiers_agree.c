@@ -141,6 +141,8 @@ int main(void)
     static const size_t shapes[][4] = {
         {8, 8, 128, 1}, {8, 8, 128, 17}, {32, 8, 128, 1100}, {4, 1, 16, 300}, {2, 2, 1024, 513},
         {8, 2, 48, 257}, {6, 3, 80, 255}, {4, 2, 64, 130},
+        /* query heads per kv head 3, 5 and 7: the V passes' groups of 4 and 2 and what is left */
+        {6, 2, 96, 700}, {10, 2, 64, 301}, {7, 1, 32, 41},
     };
     const unsigned have = i8a_cpu_features();
     const i8a_kernels *scalar = NULL;

@@ -289,37 +289,40 @@ static inline float i8a_logits_avx2(const int32_t *dh, const int32_t *dl, float 
 }
 
 /* A head's P planes from its weights w [round16(n)] (zeros past n; common.h's rule, 16 weights
- * at a time: floor and min on floats, the residual by one fused step, rint by vcvtps2dq under
- * the default MXCSR, clamped as integers, packed to bytes: the bytes of i8a_planes_scalar). */
+ * at a time: floor, clamps and residuals on floats, each residual by one fused step, the last
+ * plane's rint by vcvtps2dq under the default MXCSR, clamped as integers, packed to bytes: the
+ * bytes of i8a_planes_scalar). */
 static inline void i8a_planes_avx2(const float *w, size_t n, size_t lead, uint8_t *slot)
 {
     __m256 most = _mm256_setzero_ps();
     for (size_t s = 0; s < n; s += 8)
         most = _mm256_max_ps(most, _mm256_load_ps(w + s));     /* the padding's zeros too */
-    float s_hi, s_lo, inv, inv_lo;
-    i8a_weight_scales(i8a_hmax8_avx2(most), &s_hi, &s_lo, &inv, &inv_lo);
-    const __m256 vsh = _mm256_set1_ps(s_hi), vinv = _mm256_set1_ps(inv);
-    const __m256 vinl = _mm256_set1_ps(inv_lo), most_f = _mm256_set1_ps(127.0f);
+    float sc[I8A_WPLANES], inv[I8A_WPLANES];
+    i8a_weight_scales(i8a_hmax8_avx2(most), sc, inv);
+    const __m256 zero_f = _mm256_setzero_ps(), most_f = _mm256_set1_ps(127.0f);
     const __m256i zero = _mm256_setzero_si256(), most_i = _mm256_set1_epi32(127);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (size_t s = 0; s < n; s += 16) {
-        __m256i hi[2], lo[2];
-        for (int b = 0; b < 2; b++) {
-            const __m256 x = _mm256_load_ps(w + s + 8 * b);
-            const __m256 h = _mm256_min_ps(_mm256_floor_ps(_mm256_mul_ps(x, vinv)), most_f);
-            const __m256i l = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_fnmadd_ps(h, vsh, x), vinl));
-            hi[b] = _mm256_cvttps_epi32(h);
-            lo[b] = _mm256_min_epi32(_mm256_max_epi32(l, zero), most_i);
+        __m256i b[I8A_WPLANES][2];
+        for (int u = 0; u < 2; u++) {
+            __m256 r = _mm256_load_ps(w + s + 8 * u);
+            for (int k = 0; k < I8A_WPLANES - 1; k++) {
+                __m256 x = _mm256_floor_ps(_mm256_mul_ps(r, _mm256_set1_ps(inv[k])));
+                x = _mm256_min_ps(_mm256_max_ps(x, zero_f), most_f);
+                r = _mm256_fnmadd_ps(x, _mm256_set1_ps(sc[k]), r);
+                b[k][u] = _mm256_cvttps_epi32(x);
+            }
+            const __m256i l = _mm256_cvtps_epi32(_mm256_mul_ps(r, _mm256_set1_ps(inv[I8A_WPLANES - 1])));
+            b[I8A_WPLANES - 1][u] = _mm256_min_epi32(_mm256_max_epi32(l, zero), most_i);
         }
         /* packs: [a0-3 b0-3 | a4-7 b4-7] as 16 bits, then bytes (twice); words 0 4 1 5 */
-        const __m256i ph = _mm256_packus_epi16(_mm256_packs_epi32(hi[0], hi[1]), zero);
-        const __m256i pl = _mm256_packus_epi16(_mm256_packs_epi32(lo[0], lo[1]), zero);
-        _mm_storeu_si128((__m128i *)(slot + lead + s),
-                         _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(ph, order)));
-        _mm_storeu_si128((__m128i *)(slot + I8A_PLANE_BYTES + lead + s),
-                         _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(pl, order)));
+        for (int k = 0; k < I8A_WPLANES; k++) {
+            const __m256i pk = _mm256_packus_epi16(_mm256_packs_epi32(b[k][0], b[k][1]), zero);
+            _mm_storeu_si128((__m128i *)(slot + k * I8A_PLANE_BYTES + lead + s),
+                             _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(pk, order)));
+        }
     }
-    i8a_planes_frame(slot, lead, n, s_hi, s_lo);
+    i8a_planes_frame(slot, lead, n, sc);
 }
 
 /* One plane byte group (4 positions of a tile) of a head, broadcast to every 32-bit lane. */
@@ -345,53 +348,56 @@ I8A_INLINE void
 i8a_vtiles_block_avx2(const uint8_t *const *planes, int nh, int nv, const int8_t *v,
                       size_t tiles, size_t d, size_t i0, float *o, const int8_t *pf, size_t pf_n)
 {
-    __m256i ah[4][4], al[4][4];
+    __m256i acc[2][I8A_WPLANES][2];
+#pragma GCC unroll 8
     for (int h = 0; h < nh; h++)
-        for (int b = 0; b < nv; b++)
-            ah[h][b] = al[h][b] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int k = 0; k < I8A_WPLANES; k++)
+#pragma GCC unroll 8
+            for (int b = 0; b < nv; b++)
+                acc[h][k][b] = _mm256_setzero_si256();
     for (size_t t = 0; t < tiles; t++) {
         if (I8A_V_TILE * t < pf_n)
             i8a_prefetch_rows(pf + I8A_V_TILE * t * d, I8A_V_TILE * d);
         const int8_t *x = v + (t * d + i0) * I8A_V_TILE;
-        __m256i xv[4];
-        for (int b = 0; b < nv; b++)
-            xv[b] = _mm256_loadu_si256((const __m256i *)(x + 32 * b));
-        for (int h = 0; h < nh; h++) {
-            const __m256i ph = i8a_pword_avx2(planes[h], t);
-            const __m256i pl = i8a_pword_avx2(planes[h] + I8A_PLANE_BYTES, t);
-            for (int b = 0; b < nv; b++) {
-                ah[h][b] = i8a_vdot_avx2(ah[h][b], ph, xv[b]);
-                al[h][b] = i8a_vdot_avx2(al[h][b], pl, xv[b]);
-            }
+#pragma GCC unroll 8
+        for (int b = 0; b < nv; b++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 32 * b));
+#pragma GCC unroll 8
+            for (int h = 0; h < nh; h++)
+#pragma GCC unroll 8
+                for (int k = 0; k < I8A_WPLANES; k++)
+                    acc[h][k][b] = i8a_vdot_avx2(
+                        acc[h][k][b], i8a_pword_avx2(planes[h] + k * I8A_PLANE_BYTES, t), xv);
         }
     }
+#pragma GCC unroll 8
     for (int h = 0; h < nh; h++) {
-        float s_hi, s_lo;
-        i8a_planes_scales(planes[h], &s_hi, &s_lo);
-        const __m256 vsh = _mm256_set1_ps(s_hi), vsl = _mm256_set1_ps(s_lo);
+        float sc[I8A_WPLANES];
+        i8a_planes_scales(planes[h], sc);
+#pragma GCC unroll 8
         for (int b = 0; b < nv; b++) {
-            const __m256 hi = _mm256_mul_ps(_mm256_cvtepi32_ps(ah[h][b]), vsh);
-            _mm256_storeu_ps(o + h * d + i0 + 8 * b,
-                             _mm256_fmadd_ps(_mm256_cvtepi32_ps(al[h][b]), vsl, hi));
+            __m256 y = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[h][0][b]), _mm256_set1_ps(sc[0]));
+#pragma GCC unroll 8
+            for (int k = 1; k < I8A_WPLANES; k++)
+                y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[h][k][b]), _mm256_set1_ps(sc[k]), y);
+            _mm256_storeu_ps(o + h * d + i0 + 8 * b, y);
         }
     }
 }
 
-/* The V pass of heads [j, j + NH): blocks as wide as the 16 registers allow, then pairs of
- * vectors for the rest of d (a multiple of 16). */
+/* The V pass of heads [j, j + NH), NH at most 2: blocks as wide as the 16 registers allow (3 NH
+ * NV accumulators), then single vectors for the rest of d (a multiple of 16). */
 I8A_INLINE void i8a_vtiles_group_avx2(float *scratch, size_t nq, size_t j, int nh,
                                       const i8a_span *kv, size_t d, float *o, size_t pf_n)
 {
-    const uint8_t *planes[4];
+    const uint8_t *planes[2];
     for (int h = 0; h < nh; h++)
         planes[h] = i8a_planes_at(scratch, nq, j + (size_t)h);
     const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n);
-    const int nv = nh == 1 ? 4 : 2;
-    size_t i = 0;
-    for (; i + 8 * (size_t)nv <= d; i += 8 * (size_t)nv, pf_n = 0)
+    const int nv = nh == 1 ? 2 : 1;
+    for (size_t i = 0; i < d; i += 8 * (size_t)nv, pf_n = 0)
         i8a_vtiles_block_avx2(planes, nh, nv, kv->v, tiles, d, i, o + j * d, kv->next_v, pf_n);
-    for (; i < d; i += 16, pf_n = 0)
-        i8a_vtiles_block_avx2(planes, nh, 2, kv->v, tiles, d, i, o + j * d, kv->next_v, pf_n);
 }
 
 static void i8a_attend_avx2(const i8a_query *q, const i8a_span *kv, float *scratch,
@@ -420,14 +426,10 @@ static void i8a_attend_avx2(const i8a_query *q, const i8a_span *kv, float *scrat
         i8a_planes_avx2(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j));
     }
     size_t j = 0, pf_n = kv->next_n;   /* the first group prefetches the next chunk's V */
-    for (; j + 4 <= nq; j += 4, pf_n = 0)
-        i8a_vtiles_group_avx2(scratch, nq, j, 4, kv, d, out->o, pf_n);
-    switch (nq - j) {
-    case 3: i8a_vtiles_group_avx2(scratch, nq, j, 3, kv, d, out->o, pf_n); break;
-    case 2: i8a_vtiles_group_avx2(scratch, nq, j, 2, kv, d, out->o, pf_n); break;
-    case 1: i8a_vtiles_group_avx2(scratch, nq, j, 1, kv, d, out->o, pf_n); break;
-    default: break;
-    }
+    for (; j + 2 <= nq; j += 2, pf_n = 0)
+        i8a_vtiles_group_avx2(scratch, nq, j, 2, kv, d, out->o, pf_n);
+    if (j < nq)
+        i8a_vtiles_group_avx2(scratch, nq, j, 1, kv, d, out->o, pf_n);
 }
 
 static void i8a_merge_avx2(const i8a_state *run, const i8a_state *chunk, size_t d)

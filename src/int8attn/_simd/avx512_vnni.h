@@ -237,9 +237,9 @@ static inline float i8a_softmax_avx512_vnni(float *p, const float *vs, size_t n,
     return i8a_fold16_avx512_vnni(acc);
 }
 
-/* A head's P planes from its weights w [n] (common.h's rule, 16 weights at a time; floor and
- * min on floats, the residual by one fused step, then rint by vcvtps2dq under the default
- * MXCSR, clamped as integers: the bytes of i8a_planes_scalar). */
+/* A head's P planes from its weights w [n] (common.h's rule, 16 weights at a time; floor,
+ * clamps and residuals on floats, each residual by one fused step, the last plane's rint by
+ * vcvtps2dq under the default MXCSR, clamped as integers: the bytes of i8a_planes_scalar). */
 static inline void i8a_planes_avx512_vnni(const float *w, size_t n, size_t lead, uint8_t *slot)
 {
     __m512 most = _mm512_setzero_ps();
@@ -247,22 +247,27 @@ static inline void i8a_planes_avx512_vnni(const float *w, size_t n, size_t lead,
         const __mmask16 live = n - s >= 16 ? 0xffff : (__mmask16)((1u << (n - s)) - 1);
         most = _mm512_max_ps(most, _mm512_maskz_loadu_ps(live, w + s));
     }
-    float s_hi, s_lo, inv, inv_lo;
-    i8a_weight_scales(_mm512_reduce_max_ps(most), &s_hi, &s_lo, &inv, &inv_lo);
-    const __m512 vsh = _mm512_set1_ps(s_hi), vinv = _mm512_set1_ps(inv);
-    const __m512 vinl = _mm512_set1_ps(inv_lo), most_f = _mm512_set1_ps(127.0f);
+    float sc[I8A_WPLANES], inv[I8A_WPLANES];
+    i8a_weight_scales(_mm512_reduce_max_ps(most), sc, inv);
+    const __m512 zero_f = _mm512_setzero_ps(), most_f = _mm512_set1_ps(127.0f);
     const __m512i zero = _mm512_setzero_si512(), most_i = _mm512_set1_epi32(127);
     for (size_t s = 0; s < n; s += 16) {
         const __mmask16 live = n - s >= 16 ? 0xffff : (__mmask16)((1u << (n - s)) - 1);
-        const __m512 x = _mm512_maskz_loadu_ps(live, w + s);
-        __m512 h = _mm512_roundscale_ps(_mm512_mul_ps(x, vinv), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-        h = _mm512_min_ps(h, most_f);
-        __m512i l = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_fnmadd_ps(h, vsh, x), vinl));
+        __m512 r = _mm512_maskz_loadu_ps(live, w + s);
+        for (int k = 0; k < I8A_WPLANES - 1; k++) {
+            __m512 x = _mm512_roundscale_ps(_mm512_mul_ps(r, _mm512_set1_ps(inv[k])),
+                                            _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+            x = _mm512_min_ps(_mm512_max_ps(x, zero_f), most_f);
+            r = _mm512_fnmadd_ps(x, _mm512_set1_ps(sc[k]), r);
+            _mm_mask_storeu_epi8(slot + k * I8A_PLANE_BYTES + lead + s, live,
+                                 _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(x)));
+        }
+        __m512i l = _mm512_cvtps_epi32(_mm512_mul_ps(r, _mm512_set1_ps(inv[I8A_WPLANES - 1])));
         l = _mm512_min_epi32(_mm512_max_epi32(l, zero), most_i);
-        _mm_mask_storeu_epi8(slot + lead + s, live, _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(h)));
-        _mm_mask_storeu_epi8(slot + I8A_PLANE_BYTES + lead + s, live, _mm512_cvtepi32_epi8(l));
+        _mm_mask_storeu_epi8(slot + (I8A_WPLANES - 1) * I8A_PLANE_BYTES + lead + s, live,
+                             _mm512_cvtepi32_epi8(l));
     }
-    i8a_planes_frame(slot, lead, n, s_hi, s_lo);
+    i8a_planes_frame(slot, lead, n, sc);
 }
 
 /* One plane byte group (4 positions of a tile) of a head, broadcast to every 32-bit lane. */
@@ -275,47 +280,55 @@ static inline __m512i i8a_pword_avx512_vnni(const uint8_t *plane, size_t t)
 
 /* The integer V pass (common.h) of NH heads over dims [i0, i0 + 16 nb): per tile, one
  * vpdpbusd per plane, head and 16 dims (P bytes unsigned, V codes signed: each lane sums the
- * tile's 4 positions of one dimension), then o from the two sums. The first block prefetches
+ * tile's 4 positions of one dimension), then o from the three sums. The first block prefetches
  * pf_n rows of pf (the next chunk's V). NH and NB are constants at every call. */
 I8A_INLINE void
 i8a_vtiles_block_avx512_vnni(const uint8_t *const *planes, int nh, int nb, const int8_t *v,
                              size_t tiles, size_t d, size_t i0, float *o, const int8_t *pf,
                              size_t pf_n)
 {
-    __m512i ah[4][8], al[4][8];
+    __m512i acc[4][I8A_WPLANES][8];
+#pragma GCC unroll 8
     for (int h = 0; h < nh; h++)
-        for (int b = 0; b < nb; b++)
-            ah[h][b] = al[h][b] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int k = 0; k < I8A_WPLANES; k++)
+#pragma GCC unroll 8
+            for (int b = 0; b < nb; b++)
+                acc[h][k][b] = _mm512_setzero_si512();
     for (size_t t = 0; t < tiles; t++) {
         if (I8A_V_TILE * t < pf_n)
             i8a_prefetch_rows(pf + I8A_V_TILE * t * d, I8A_V_TILE * d);
         const int8_t *x = v + (t * d + i0) * I8A_V_TILE;
-        __m512i xv[8];
-        for (int b = 0; b < nb; b++)
-            xv[b] = _mm512_loadu_si512((const void *)(x + 64 * b));
-        for (int h = 0; h < nh; h++) {
-            const __m512i ph = i8a_pword_avx512_vnni(planes[h], t);
-            const __m512i pl = i8a_pword_avx512_vnni(planes[h] + I8A_PLANE_BYTES, t);
-            for (int b = 0; b < nb; b++) {
-                ah[h][b] = _mm512_dpbusd_epi32(ah[h][b], ph, xv[b]);
-                al[h][b] = _mm512_dpbusd_epi32(al[h][b], pl, xv[b]);
+        /* one plane word at a time in a register, V as the memory operand (VNNI's signed
+         * one): 3 NH NB accumulators and one broadcast live */
+#pragma GCC unroll 8
+        for (int h = 0; h < nh; h++)
+#pragma GCC unroll 8
+            for (int k = 0; k < I8A_WPLANES; k++) {
+                const __m512i pw = i8a_pword_avx512_vnni(planes[h] + k * I8A_PLANE_BYTES, t);
+#pragma GCC unroll 8
+                for (int b = 0; b < nb; b++)
+                    acc[h][k][b] = _mm512_dpbusd_epi32(
+                        acc[h][k][b], pw, _mm512_loadu_si512((const void *)(x + 64 * b)));
             }
-        }
     }
+#pragma GCC unroll 8
     for (int h = 0; h < nh; h++) {
-        float s_hi, s_lo;
-        i8a_planes_scales(planes[h], &s_hi, &s_lo);
-        const __m512 vsh = _mm512_set1_ps(s_hi), vsl = _mm512_set1_ps(s_lo);
+        float sc[I8A_WPLANES];
+        i8a_planes_scales(planes[h], sc);
+#pragma GCC unroll 8
         for (int b = 0; b < nb; b++) {
-            const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(ah[h][b]), vsh);
-            _mm512_storeu_ps(o + h * d + i0 + 16 * b,
-                             _mm512_fmadd_ps(_mm512_cvtepi32_ps(al[h][b]), vsl, hi));
+            __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[h][0][b]), _mm512_set1_ps(sc[0]));
+#pragma GCC unroll 8
+            for (int k = 1; k < I8A_WPLANES; k++)
+                y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[h][k][b]), _mm512_set1_ps(sc[k]), y);
+            _mm512_storeu_ps(o + h * d + i0 + 16 * b, y);
         }
     }
 }
 
-/* The V pass of heads [j, j + NH): blocks as wide as the registers allow (2 NH NB accumulators,
- * NB loaded V vectors), then single vectors for the rest of d. */
+/* The V pass of heads [j, j + NH): blocks of 3 NH NB <= 12 accumulators (GCC 12 spills
+ * beyond about 16 of them in this loop), then single vectors for the rest of d. */
 I8A_INLINE void i8a_vtiles_group_avx512_vnni(float *scratch, size_t nq, size_t j, int nh,
                                              const i8a_span *kv, size_t d, float *o, size_t pf_n)
 {
@@ -323,7 +336,7 @@ I8A_INLINE void i8a_vtiles_group_avx512_vnni(float *scratch, size_t nq, size_t j
     for (int h = 0; h < nh; h++)
         planes[h] = i8a_planes_at(scratch, nq, j + (size_t)h);
     const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n);
-    const int nb = nh == 1 ? 8 : nh == 2 ? 4 : 2;
+    const int nb = nh == 1 ? 4 : nh == 2 ? 2 : 1;
     size_t i = 0;
     for (; i + 16 * (size_t)nb <= d; i += 16 * (size_t)nb, pf_n = 0)
         i8a_vtiles_block_avx512_vnni(planes, nh, nb, kv->v, tiles, d, i, o + j * d, kv->next_v, pf_n);

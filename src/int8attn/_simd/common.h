@@ -165,28 +165,35 @@ static inline float i8a_logit(int32_t dh, int32_t dl, float c_hi, float c_lo, in
 }
 
 /* The V pass in integers. A chunk's weights w[s] = p[s] * v_scale[s] (>= 0, finite) become
- * two planes of 7-bit unsigned integers, as q becomes two planes with q_bits=16, and the sum
- * over the chunk's positions is then an exact integer dot for every output dimension:
- *   top = the largest w[s]; below I8A_WEIGHT_MIN both planes are 0 (scales 0: o = 0);
- *   s_hi = top / 127, inv = 127 / top, s_lo = s_hi / 127, inv_lo = inv * 127;
- *   hi[s] = min(floor(w[s] * inv), 127);
- *   lo[s] = clamp(rint(fma(-hi[s], s_hi, w[s]) * inv_lo), 0, 127);
- *   S_hi[i] = sum_s hi[s] * v[s][i], S_lo[i] likewise, in int32 (exact: |S| <= 256 * 127 * 127
- *   < 2^23, so float(S) is exact too, and any order of the sum gives the same S);
- *   o[i] = fma(float(S_lo[i]), s_lo, float(S_hi[i]) * s_hi).
- * hi * s_hi + lo * s_lo is w to within about top / 32258 (the floor leaves a residual in
- * [0, s_hi), which lo rounds to s_lo / 2). 7 bits a plane, not 8: SDOT multiplies signed bytes,
- * and vpmaddubsw adds two products in int16 (2 * 127 * 127 = 32258 fits, 2 * 255 * 127 does
- * not). The smallest top keeps s_lo a normal float (2^-110 / 127^2 > 2^-124); a chunk whose
- * largest weight is below it adds less than 2^-94 * |v| to a sum whose l is at least 1. */
-#define I8A_WEIGHT_MIN 0x1p-110f
+ * three planes of 7-bit unsigned integers, each plane 127 times finer than the one before, and
+ * the sum over the chunk's positions is then an exact integer dot per plane and dimension:
+ *   top = the largest w[s]; below I8A_WEIGHT_MIN every plane is 0 (scales 0: o = 0);
+ *   sc[0] = top / 127, sc[k] = sc[k-1] / 127;  inv[0] = 127 / top, inv[k] = inv[k-1] * 127;
+ *   b0 = min(floor(w * inv[0]), 127);           r = fma(-b0, sc[0], w);
+ *   b1 = clamp(floor(r * inv[1]), 0, 127);      r = fma(-b1, sc[1], r);
+ *   b2 = clamp(rint(r * inv[2]), 0, 127);
+ *   S_k[i] = sum_s b_k[s] * v[s][i], in int32 (exact: |S| <= 256 * 127 * 127 < 2^23, so float(S)
+ *   is exact too, and any order of the sum gives the same S);
+ *   o[i] = fma(float(S_2[i]), sc[2], fma(float(S_1[i]), sc[1], float(S_0[i]) * sc[0])).
+ * sum_k b_k * sc[k] is w to within top / (2 * 127^3) (about top / 4.1e6): the floors leave
+ * residuals below their plane's step, which the last plane rounds. Two planes (within top /
+ * 32258) were not enough: with one token far above the rest of its chunk (an attention sink)
+ * the many small weights round to the same few steps, and Gemma 3's attention at 2575 tokens
+ * came out 1.4e-3 off. 7 bits a plane, not 8: SDOT multiplies signed bytes, and vpmaddubsw adds
+ * two products in int16 (2 * 127 * 127 = 32258 fits, 2 * 255 * 127 does not). The smallest top
+ * keeps sc[2] a normal float (2^-100 / 127^3 > 2^-121); a chunk whose largest weight is below
+ * it adds at most 256 * 127 * 2^-100 < 2^-85 to o (and l counts the chunk as usual). */
+#define I8A_WPLANES 3
+#define I8A_WEIGHT_MIN 0x1p-100f
 
 /* Where head j of nq keeps its planes in an attend's scratch (dispatch.h: 2 * nq * I8A_CHUNK
  * floats): in the second half, the 4 * I8A_CHUNK bytes of its K dots, which its logits have
- * consumed by then: hi [I8A_PLANE_BYTES], lo [I8A_PLANE_BYTES], then s_hi, s_lo (floats). A
+ * consumed by then: plane 0, 1, 2 [I8A_PLANE_BYTES each], then the planes' scales (floats). A
  * plane's byte v_lead + s is row s's weight (the slot of the row in the V tiles); the bytes
  * before v_lead and after the last row, up to a multiple of 16, are 0. */
 #define I8A_PLANE_BYTES 320
+_Static_assert(I8A_WPLANES * (I8A_PLANE_BYTES + sizeof(float)) <= 4 * I8A_CHUNK,
+               "a head's planes and scales fit the bytes of its K dots");
 
 static inline uint8_t *i8a_planes_at(float *scratch, size_t nq, size_t j)
 {
@@ -195,69 +202,82 @@ static inline uint8_t *i8a_planes_at(float *scratch, size_t nq, size_t j)
 
 /* The scales of a chunk's planes (the rule above); all 0 when it has none, which makes every
  * plane byte 0 by the same steps. */
-static inline void i8a_weight_scales(float top, float *s_hi, float *s_lo, float *inv,
-                                     float *inv_lo)
+static inline void i8a_weight_scales(float top, float sc[I8A_WPLANES], float inv[I8A_WPLANES])
 {
     if (!(top >= I8A_WEIGHT_MIN)) {
-        *s_hi = *s_lo = *inv = *inv_lo = 0.0f;
+        for (int k = 0; k < I8A_WPLANES; k++)
+            sc[k] = inv[k] = 0.0f;
         return;
     }
-    *s_hi = top / 127.0f;
-    *s_lo = *s_hi / 127.0f;
-    *inv = 127.0f / top;
-    *inv_lo = *inv * 127.0f;
+    sc[0] = top / 127.0f;
+    inv[0] = 127.0f / top;
+    for (int k = 1; k < I8A_WPLANES; k++) {
+        sc[k] = sc[k - 1] / 127.0f;
+        inv[k] = inv[k - 1] * 127.0f;
+    }
 }
 
-/* The two plane bytes of one weight (the rule above). */
-static inline void i8a_weight_one(float w, float s_hi, float inv, float inv_lo, uint8_t *hi,
-                                  uint8_t *lo)
+/* x clamped to [0, 127] (x not NaN). */
+static inline float i8a_clamp127(float x)
 {
-    float h = floorf(w * inv);
-    h = h < 127.0f ? h : 127.0f;
-    float r = rintf(fmaf(-h, s_hi, w) * inv_lo);
-    r = r > 0.0f ? r : 0.0f;
-    r = r < 127.0f ? r : 127.0f;
-    *hi = (uint8_t)h;
-    *lo = (uint8_t)r;
+    x = x > 0.0f ? x : 0.0f;
+    return x < 127.0f ? x : 127.0f;
+}
+
+/* The plane bytes of one weight (the rule above). */
+static inline void i8a_weight_one(float w, const float sc[I8A_WPLANES],
+                                  const float inv[I8A_WPLANES], uint8_t b[I8A_WPLANES])
+{
+    float r = w;
+    for (int k = 0; k < I8A_WPLANES - 1; k++) {
+        const float x = i8a_clamp127(floorf(r * inv[k]));
+        r = fmaf(-x, sc[k], r);
+        b[k] = (uint8_t)x;
+    }
+    b[I8A_WPLANES - 1] = (uint8_t)i8a_clamp127(rintf(r * inv[I8A_WPLANES - 1]));
 }
 
 /* The zeros of a head's planes around rows [lead, lead + n) (the layout above); the scales. */
-static inline void i8a_planes_frame(uint8_t *slot, size_t lead, size_t n, float s_hi, float s_lo)
+static inline void i8a_planes_frame(uint8_t *slot, size_t lead, size_t n,
+                                    const float sc[I8A_WPLANES])
 {
     const size_t end = i8a_round16(lead + n);
-    memset(slot, 0, lead);
-    memset(slot + I8A_PLANE_BYTES, 0, lead);
-    memset(slot + lead + n, 0, end - lead - n);
-    memset(slot + I8A_PLANE_BYTES + lead + n, 0, end - lead - n);
-    memcpy(slot + 2 * I8A_PLANE_BYTES, &s_hi, sizeof s_hi);
-    memcpy(slot + 2 * I8A_PLANE_BYTES + sizeof s_hi, &s_lo, sizeof s_lo);
+    for (int k = 0; k < I8A_WPLANES; k++) {
+        uint8_t *plane = slot + k * I8A_PLANE_BYTES;
+        memset(plane, 0, lead);
+        memset(plane + lead + n, 0, end - lead - n);
+    }
+    memcpy(slot + I8A_WPLANES * I8A_PLANE_BYTES, sc, I8A_WPLANES * sizeof(float));
 }
 
 /* A head's planes from its weights w [n] (the scalar form; the SIMD tiers write the same
  * bytes). */
 static inline void i8a_planes_scalar(const float *w, size_t n, size_t lead, uint8_t *slot)
 {
-    float s_hi, s_lo, inv, inv_lo;
+    float sc[I8A_WPLANES], inv[I8A_WPLANES];
     float top = 0.0f;
     for (size_t s = 0; s < n; s++)
         top = w[s] > top ? w[s] : top;
-    i8a_weight_scales(top, &s_hi, &s_lo, &inv, &inv_lo);
-    for (size_t s = 0; s < n; s++)
-        i8a_weight_one(w[s], s_hi, inv, inv_lo, slot + lead + s, slot + I8A_PLANE_BYTES + lead + s);
-    i8a_planes_frame(slot, lead, n, s_hi, s_lo);
+    i8a_weight_scales(top, sc, inv);
+    for (size_t s = 0; s < n; s++) {
+        uint8_t b[I8A_WPLANES];
+        i8a_weight_one(w[s], sc, inv, b);
+        for (int k = 0; k < I8A_WPLANES; k++)
+            slot[k * I8A_PLANE_BYTES + lead + s] = b[k];
+    }
+    i8a_planes_frame(slot, lead, n, sc);
 }
 
 /* The scales of head j's planes. */
-static inline void i8a_planes_scales(const uint8_t *slot, float *s_hi, float *s_lo)
+static inline void i8a_planes_scales(const uint8_t *slot, float sc[I8A_WPLANES])
 {
-    memcpy(s_hi, slot + 2 * I8A_PLANE_BYTES, sizeof *s_hi);
-    memcpy(s_lo, slot + 2 * I8A_PLANE_BYTES + sizeof *s_hi, sizeof *s_lo);
+    memcpy(sc, slot + I8A_WPLANES * I8A_PLANE_BYTES, I8A_WPLANES * sizeof(float));
 }
 
-/* One output value from its two integer sums (the rule above). */
-static inline float i8a_v_out(int32_t sh, int32_t sl, float s_hi, float s_lo)
+/* One output value from its three integer sums (the rule above). */
+static inline float i8a_v_out(const int32_t S[I8A_WPLANES], const float sc[I8A_WPLANES])
 {
-    return fmaf((float)sl, s_lo, (float)sh * s_hi);
+    return fmaf((float)S[2], sc[2], fmaf((float)S[1], sc[1], (float)S[0] * sc[0]));
 }
 
 /* The V tiles a span reads: ceil((v_lead + n) / 4). */

@@ -222,120 +222,137 @@ I8A_INLINE float i8a_logits_neon(const int32_t *dh, const int32_t *dl, float c_h
 }
 
 /* A head's P planes from its weights w [round16(n)] (zeros past n; common.h's rule, 16 weights
- * at a time: floor (vrndm) and min on floats, the residual by one fused step (vfms: w - h s_hi),
- * rint by vcvtn (nearest, ties to even), clamped as integers, narrowed to bytes: the bytes of
- * i8a_planes_scalar). */
+ * at a time: floor (vrndm) and clamps on floats, each residual by one fused step (vfms: r - x
+ * sc), the last plane's rint by vcvtn (nearest, ties to even), clamped as integers, narrowed to
+ * bytes: the bytes of i8a_planes_scalar). */
 I8A_INLINE void i8a_planes_neon(const float *w, size_t n, size_t lead, uint8_t *slot)
 {
     float32x4_t most = vdupq_n_f32(0.0f);
     for (size_t s = 0; s < n; s += 4)
         most = vmaxq_f32(most, vld1q_f32(w + s));             /* the padding's zeros too */
-    float s_hi, s_lo, inv, inv_lo;
-    i8a_weight_scales(vmaxvq_f32(most), &s_hi, &s_lo, &inv, &inv_lo);
-    const float32x4_t most_f = vdupq_n_f32(127.0f);
+    float sc[I8A_WPLANES], inv[I8A_WPLANES];
+    i8a_weight_scales(vmaxvq_f32(most), sc, inv);
+    const float32x4_t zero_f = vdupq_n_f32(0.0f), most_f = vdupq_n_f32(127.0f);
     const int32x4_t zero = vdupq_n_s32(0), most_i = vdupq_n_s32(127);
     for (size_t s = 0; s < n; s += 16) {
-        int32x4_t hi[4], lo[4];
-        for (int b = 0; b < 4; b++) {
-            const float32x4_t x = vld1q_f32(w + s + 4 * b);
-            const float32x4_t h = vminq_f32(vrndmq_f32(vmulq_n_f32(x, inv)), most_f);
-            const int32x4_t l = vcvtnq_s32_f32(vmulq_n_f32(vfmsq_n_f32(x, h, s_hi), inv_lo));
-            hi[b] = vcvtq_s32_f32(h);
-            lo[b] = vminq_s32(vmaxq_s32(l, zero), most_i);
-        }
-        const int16x8_t h01 = vcombine_s16(vmovn_s32(hi[0]), vmovn_s32(hi[1]));
-        const int16x8_t h23 = vcombine_s16(vmovn_s32(hi[2]), vmovn_s32(hi[3]));
-        const int16x8_t l01 = vcombine_s16(vmovn_s32(lo[0]), vmovn_s32(lo[1]));
-        const int16x8_t l23 = vcombine_s16(vmovn_s32(lo[2]), vmovn_s32(lo[3]));
-        vst1q_s8((int8_t *)slot + lead + s, vcombine_s8(vmovn_s16(h01), vmovn_s16(h23)));
-        vst1q_s8((int8_t *)slot + I8A_PLANE_BYTES + lead + s,
-                 vcombine_s8(vmovn_s16(l01), vmovn_s16(l23)));
-    }
-    i8a_planes_frame(slot, lead, n, s_hi, s_lo);
-}
-
-/* acc[0 .. 1] += the products of 16 V bytes (4 dims x a tile's 4 positions) with a P word
- * repeated in every 32-bit lane, kept so that i8a_vdims_neon can give each dimension's sum.
- * Without SDOT (this tier): vmull_s8 of each half, then vpadalq_s16 adds the pairs of
- * positions, acc[0] for dims 0-1 (two lanes each), acc[1] for dims 2-3. */
-typedef void (*i8a_vdot_neon_fn)(int32x4_t *acc, int8x16_t x, int8x16_t p);
-
-I8A_INLINE void i8a_vdot_neon(int32x4_t *acc, int8x16_t x, int8x16_t p)
-{
-    acc[0] = vpadalq_s16(acc[0], vmull_s8(vget_low_s8(x), vget_low_s8(p)));
-    acc[1] = vpadalq_s16(acc[1], vmull_high_s8(x, p));
-}
-
-/* The 4 dimensions' sums of acc: paired (i8a_vdot_neon): the pairs of lanes added; else acc[0]
- * already holds them (SDOT). */
-I8A_INLINE int32x4_t i8a_vdims_neon(const int32x4_t *acc, int paired)
-{
-    return paired ? vpaddq_s32(acc[0], acc[1]) : acc[0];
-}
-
-/* The integer V pass (common.h) of NH heads over dims [i0, i0 + 4 nu): per tile, each head's
- * plane words repeated in every lane (ld1r), one vdot step per plane, head and 4 dims, then o
- * from the two sums. The first block prefetches pf_n rows of pf (the next chunk's V). NH, NU
- * and paired are constants at every call. */
-I8A_INLINE void
-i8a_vtiles_block_neon(i8a_vdot_neon_fn vdot, int paired, const uint8_t *const *planes, int nh,
-                      int nu, const int8_t *v, size_t tiles, size_t d, size_t i0, float *o,
-                      const int8_t *pf, size_t pf_n)
-{
-    int32x4_t ah[4][8][2], al[4][8][2];
-    for (int h = 0; h < nh; h++)
-        for (int u = 0; u < nu; u++)
-            for (int k = 0; k < 2; k++)
-                ah[h][u][k] = al[h][u][k] = vdupq_n_s32(0);
-    for (size_t t = 0; t < tiles; t++) {
-        if (I8A_V_TILE * t < pf_n)
-            i8a_prefetch_rows(pf + I8A_V_TILE * t * d, I8A_V_TILE * d);
-        const int8_t *x = v + (t * d + i0) * I8A_V_TILE;
-        int8x16_t xv[8];
-        for (int u = 0; u < nu; u++)
-            xv[u] = vld1q_s8(x + 16 * u);
-        for (int h = 0; h < nh; h++) {
-            const uint8_t *ph = planes[h] + I8A_V_TILE * t;
-            const int8x16_t wh = vreinterpretq_s8_u32(vld1q_dup_u32((const uint32_t *)ph));
-            const int8x16_t wl = vreinterpretq_s8_u32(vld1q_dup_u32((const uint32_t *)(ph + I8A_PLANE_BYTES)));
-            for (int u = 0; u < nu; u++) {
-                vdot(ah[h][u], xv[u], wh);
-                vdot(al[h][u], xv[u], wl);
+        int32x4_t b[I8A_WPLANES][4];
+        for (int u = 0; u < 4; u++) {
+            float32x4_t r = vld1q_f32(w + s + 4 * u);
+            for (int k = 0; k < I8A_WPLANES - 1; k++) {
+                float32x4_t x = vrndmq_f32(vmulq_n_f32(r, inv[k]));
+                x = vminq_f32(vmaxq_f32(x, zero_f), most_f);
+                r = vfmsq_n_f32(r, x, sc[k]);
+                b[k][u] = vcvtq_s32_f32(x);
             }
+            const int32x4_t l = vcvtnq_s32_f32(vmulq_n_f32(r, inv[I8A_WPLANES - 1]));
+            b[I8A_WPLANES - 1][u] = vminq_s32(vmaxq_s32(l, zero), most_i);
+        }
+        for (int k = 0; k < I8A_WPLANES; k++) {
+            const int16x8_t b01 = vcombine_s16(vmovn_s32(b[k][0]), vmovn_s32(b[k][1]));
+            const int16x8_t b23 = vcombine_s16(vmovn_s32(b[k][2]), vmovn_s32(b[k][3]));
+            vst1q_s8((int8_t *)slot + k * I8A_PLANE_BYTES + lead + s,
+                     vcombine_s8(vmovn_s16(b01), vmovn_s16(b23)));
         }
     }
-    for (int h = 0; h < nh; h++) {
-        float s_hi, s_lo;
-        i8a_planes_scales(planes[h], &s_hi, &s_lo);
-        for (int u = 0; u < nu; u++) {
-            const float32x4_t hi = vmulq_n_f32(vcvtq_f32_s32(i8a_vdims_neon(ah[h][u], paired)), s_hi);
-            vst1q_f32(o + h * d + i0 + 4 * u,
-                      vfmaq_n_f32(hi, vcvtq_f32_s32(i8a_vdims_neon(al[h][u], paired)), s_lo));
-        }
-    }
+    i8a_planes_frame(slot, lead, n, sc);
 }
 
-/* The V pass of heads [j, j + NH): blocks as wide as the 32 registers allow (half as wide with
- * paired accumulators), then single vectors for the rest of d. */
-I8A_INLINE void i8a_vtiles_group_neon(i8a_vdot_neon_fn vdot, int paired, float *scratch,
-                                      size_t nq, size_t j, int nh, const i8a_span *kv, size_t d,
-                                      float *o, size_t pf_n)
+/* Four outputs from their planes' sums (common.h's i8a_v_out, four lanes). */
+I8A_INLINE float32x4_t i8a_v_out4_neon(const int32x4_t sums[I8A_WPLANES],
+                                       const float sc[I8A_WPLANES])
 {
-    const uint8_t *planes[4];
-    for (int h = 0; h < nh; h++)
-        planes[h] = i8a_planes_at(scratch, nq, j + (size_t)h);
-    const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n);
-    const int nu = (nh == 1 ? 8 : nh == 2 ? 4 : 2) / (paired ? 2 : 1);
-    size_t i = 0;
-    for (; i + 4 * (size_t)nu <= d; i += 4 * (size_t)nu, pf_n = 0)
-        i8a_vtiles_block_neon(vdot, paired, planes, nh, nu, kv->v, tiles, d, i, o + j * d, kv->next_v, pf_n);
-    for (; i < d; i += 4, pf_n = 0)
-        i8a_vtiles_block_neon(vdot, paired, planes, nh, 1, kv->v, tiles, d, i, o + j * d, kv->next_v, pf_n);
+    float32x4_t r = vmulq_n_f32(vcvtq_f32_s32(sums[0]), sc[0]);
+#pragma GCC unroll 8
+    for (int k = 1; k < I8A_WPLANES; k++)
+        r = vfmaq_n_f32(r, vcvtq_f32_s32(sums[k]), sc[k]);
+    return r;
 }
 
-/* The attend of both aarch64 tiers; only the 16-byte dot steps differ (K's, and V's with the
- * shape of its accumulators). */
-I8A_INLINE void i8a_attend_with_neon(i8a_dot16_neon_fn dot16, i8a_vdot_neon_fn vdot, int paired,
+/* The integer V pass (common.h) without SDOT, NH heads over dims [i0, i0 + 4 nu): V bytes
+ * times each head's plane word repeated in every lane (ld1r) by vmull_s8 for one tile and
+ * vmlal_s8 for the next (two products per int16 lane, at most 2 * 127 * 127), vpadalq_s16
+ * into int32 pairs of positions, a pairwise add per 4 dims at the end; then o from the three
+ * sums. The first block prefetches pf_n rows of pf (the next chunk's V). NH and NU are
+ * constants at every call. */
+I8A_INLINE void
+i8a_vtiles_block_neon(const uint8_t *const *planes, int nh, int nu, const int8_t *v,
+                      size_t tiles, size_t d, size_t i0, float *o, const int8_t *pf, size_t pf_n)
+{
+    int32x4_t acc[2][I8A_WPLANES][2][2];    /* [head][plane][vector][dims 0-1, dims 2-3] */
+#pragma GCC unroll 8
+    for (int h = 0; h < nh; h++)
+#pragma GCC unroll 8
+        for (int k = 0; k < I8A_WPLANES; k++)
+#pragma GCC unroll 8
+            for (int u = 0; u < nu; u++)
+                acc[h][k][u][0] = acc[h][k][u][1] = vdupq_n_s32(0);
+    for (size_t t = 0; t < tiles; t += 2) {
+        if (I8A_V_TILE * t < pf_n)
+            i8a_prefetch_rows(pf + I8A_V_TILE * t * d, 2 * I8A_V_TILE * d);
+        const int two = t + 1 < tiles;      /* the last tile of an odd count is alone */
+        const int8_t *x0 = v + (t * d + i0) * I8A_V_TILE, *x1 = x0 + I8A_V_TILE * d;
+#pragma GCC unroll 8
+        for (int h = 0; h < nh; h++)
+#pragma GCC unroll 8
+            for (int k = 0; k < I8A_WPLANES; k++) {
+                const uint8_t *pw = planes[h] + k * I8A_PLANE_BYTES + I8A_V_TILE * t;
+                const int8x16_t w0 = vreinterpretq_s8_u32(vld1q_dup_u32((const uint32_t *)pw));
+                const int8x16_t w1 = vreinterpretq_s8_u32(vld1q_dup_u32((const uint32_t *)(pw + 4)));
+#pragma GCC unroll 8
+                for (int u = 0; u < nu; u++) {
+                    const int8x16_t a = vld1q_s8(x0 + 16 * u);
+                    int16x8_t lo = vmull_s8(vget_low_s8(a), vget_low_s8(w0));
+                    int16x8_t hi = vmull_high_s8(a, w0);
+                    if (two) {
+                        const int8x16_t b = vld1q_s8(x1 + 16 * u);
+                        lo = vmlal_s8(lo, vget_low_s8(b), vget_low_s8(w1));
+                        hi = vmlal_high_s8(hi, b, w1);
+                    }
+                    acc[h][k][u][0] = vpadalq_s16(acc[h][k][u][0], lo);
+                    acc[h][k][u][1] = vpadalq_s16(acc[h][k][u][1], hi);
+                }
+            }
+    }
+#pragma GCC unroll 8
+    for (int h = 0; h < nh; h++) {
+        float sc[I8A_WPLANES];
+        i8a_planes_scales(planes[h], sc);
+#pragma GCC unroll 8
+        for (int u = 0; u < nu; u++) {
+            int32x4_t sums[I8A_WPLANES];
+#pragma GCC unroll 8
+            for (int k = 0; k < I8A_WPLANES; k++)
+                sums[k] = vpaddq_s32(acc[h][k][u][0], acc[h][k][u][1]);
+            vst1q_f32(o + h * d + i0 + 4 * u, i8a_v_out4_neon(sums, sc));
+        }
+    }
+}
+
+/* The neon tier's V pass over the nq heads of a chunk: pairs of heads 4 dims at a time, then a
+ * head left alone 8 dims at a time (24 accumulators either way). The first block prefetches
+ * the next chunk's V. d is a multiple of 16. */
+I8A_INLINE void i8a_vpass_neon(float *scratch, size_t nq, const i8a_span *kv, size_t d,
+                               float *o)
+{
+    const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n);
+    size_t pf_n = kv->next_n, j = 0;
+    for (; j + 2 <= nq; j += 2) {
+        const uint8_t *planes[2] = {i8a_planes_at(scratch, nq, j), i8a_planes_at(scratch, nq, j + 1)};
+        for (size_t i = 0; i < d; i += 4, pf_n = 0)
+            i8a_vtiles_block_neon(planes, 2, 1, kv->v, tiles, d, i, o + j * d, kv->next_v, pf_n);
+    }
+    if (j < nq) {
+        const uint8_t *planes[2] = {i8a_planes_at(scratch, nq, j), NULL};
+        for (size_t i = 0; i < d; i += 8, pf_n = 0)
+            i8a_vtiles_block_neon(planes, 1, 2, kv->v, tiles, d, i, o + j * d, kv->next_v, pf_n);
+    }
+}
+
+typedef void (*i8a_vpass_neon_fn)(float *scratch, size_t nq, const i8a_span *kv, size_t d,
+                                  float *o);
+
+/* The attend of both aarch64 tiers; only the 16-byte dot step of K and the V pass differ. */
+I8A_INLINE void i8a_attend_with_neon(i8a_dot16_neon_fn dot16, i8a_vpass_neon_fn vpass,
                                      const i8a_query *q, const i8a_span *kv, float *scratch,
                                      const i8a_state *out)
 {
@@ -360,21 +377,13 @@ I8A_INLINE void i8a_attend_with_neon(i8a_dot16_neon_fn dot16, i8a_vdot_neon_fn v
             p[s] = p[s] * kv->vs[s];
         i8a_planes_neon(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j));
     }
-    size_t j = 0, pf_n = kv->next_n;   /* the first group prefetches the next chunk's V */
-    for (; j + 4 <= nq; j += 4, pf_n = 0)
-        i8a_vtiles_group_neon(vdot, paired, scratch, nq, j, 4, kv, d, out->o, pf_n);
-    switch (nq - j) {
-    case 3: i8a_vtiles_group_neon(vdot, paired, scratch, nq, j, 3, kv, d, out->o, pf_n); break;
-    case 2: i8a_vtiles_group_neon(vdot, paired, scratch, nq, j, 2, kv, d, out->o, pf_n); break;
-    case 1: i8a_vtiles_group_neon(vdot, paired, scratch, nq, j, 1, kv, d, out->o, pf_n); break;
-    default: break;
-    }
+    vpass(scratch, nq, kv, d, out->o);
 }
 
 static void i8a_attend_neon(const i8a_query *q, const i8a_span *kv, float *scratch,
                             const i8a_state *out)
 {
-    i8a_attend_with_neon(i8a_dot16_neon, i8a_vdot_neon, 1, q, kv, scratch, out);
+    i8a_attend_with_neon(i8a_dot16_neon, i8a_vpass_neon, q, kv, scratch, out);
 }
 
 static void i8a_merge_neon(const i8a_state *run, const i8a_state *chunk, size_t d)

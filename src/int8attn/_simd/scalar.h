@@ -27,24 +27,24 @@ static inline int32_t i8a_dot_scalar(const int8_t *a, const int8_t *b, size_t d)
     return acc;
 }
 
-/* The integer V pass (common.h) of heads [0, nq): S over the span's tiles, then o. */
+/* The integer V pass (common.h) of heads [0, nq): the planes' sums over the span's tiles, then
+ * o. */
 static void i8a_vpass_scalar(float *scratch, size_t nq, const i8a_span *kv, size_t d, float *o)
 {
     const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n);
     for (size_t j = 0; j < nq; j++) {
-        const uint8_t *hi = i8a_planes_at(scratch, nq, j), *lo = hi + I8A_PLANE_BYTES;
-        float s_hi, s_lo;
-        i8a_planes_scales(hi, &s_hi, &s_lo);
+        const uint8_t *slot = i8a_planes_at(scratch, nq, j);
+        float sc[I8A_WPLANES];
+        i8a_planes_scales(slot, sc);
         for (size_t i = 0; i < d; i++) {
-            int32_t sh = 0, sl = 0;
+            int32_t S[I8A_WPLANES] = {0};
             for (size_t t = 0; t < tiles; t++) {
                 const int8_t *x = kv->v + (t * d + i) * I8A_V_TILE;
-                for (size_t r = 0; r < I8A_V_TILE; r++) {
-                    sh += (int32_t)hi[t * I8A_V_TILE + r] * x[r];
-                    sl += (int32_t)lo[t * I8A_V_TILE + r] * x[r];
-                }
+                for (size_t r = 0; r < I8A_V_TILE; r++)
+                    for (int k = 0; k < I8A_WPLANES; k++)
+                        S[k] += (int32_t)slot[k * I8A_PLANE_BYTES + t * I8A_V_TILE + r] * x[r];
             }
-            o[j * d + i] = i8a_v_out(sh, sl, s_hi, s_lo);
+            o[j * d + i] = i8a_v_out(S, sc);
         }
     }
 }
@@ -52,7 +52,8 @@ static void i8a_vpass_scalar(float *scratch, size_t nq, const i8a_span *kv, size
 /* Each query head against a chunk, in the contract's order:
  *   logit[s] by i8a_logit_capped (common.h);  m = max_s logit[s];
  *   p[s] = exp(logit[s] - m);  l = the 16-lane sum of p (common.h);
- *   w[s] = p[s] * v_scale[s] into two integer planes, and o from their integer sums (common.h) */
+ *   w[s] = p[s] * v_scale[s] into three integer planes, and o from their integer sums
+ *   (common.h) */
 static void i8a_attend_scalar(const i8a_query *q, const i8a_span *kv, float *scratch,
                               const i8a_state *out)
 {
