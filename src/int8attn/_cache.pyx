@@ -76,7 +76,8 @@ cdef extern from "_engine.h" nogil:
         float *k_scale
         float *v_scale
         size_t n_kv_heads, max_seq, head_dim, length
-        const float *sign
+        const float *k_sign
+        const float *v_sign
         float *k_first
         float *v_first
         float *k_offset
@@ -393,11 +394,11 @@ An int8 KV cache for single-token decode attention.
         self.rotate, self.rotation_seed = rotate, seed
         self.keep_first, self.center, self.recent = keep_first, center, recent
         self._sign = self._kf = self._vf = self._ko = self._vo = None
-        self._c.sign = NULL
+        self._c.k_sign = self._c.v_sign = NULL
         self._c.k_first = self._c.v_first = self._c.k_offset = self._c.v_offset = NULL
         if rotate:
             self._sign = np.empty((1, d), np.float32)
-            self._c.sign = _data(self._sign)
+            self._c.k_sign = self._c.v_sign = _data(self._sign)
             i8a_rotation_signs(seed, d, _data(self._sign))
         if keep_first:
             self._kf, self._vf = np.zeros((hkv, d), np.float32), np.zeros((hkv, d), np.float32)

@@ -12,13 +12,13 @@
 #include "_pool.h"
 #include "_simd/common.h"
 
-/* x itself, or (with a rotation) its rotated copy in tmp. */
-static const float *maybe_rotated(const i8a_kernels *kt, const i8a_cache *c, const float *x,
-                                  float *tmp)
+/* x itself, or (with a rotation: sign != NULL) its rotated copy in tmp. */
+static const float *maybe_rotated(const i8a_kernels *kt, const i8a_cache *c, const float *sign,
+                                  const float *x, float *tmp)
 {
-    if (!c->sign)
+    if (!sign)
         return x;
-    kt->rotate(x, c->head_dim, c->sign, 0, tmp);
+    kt->rotate(x, c->head_dim, sign, 0, tmp);
     return tmp;
 }
 
@@ -168,7 +168,7 @@ static int offset_keeps(const row_source *src, size_t from, size_t to, size_t he
  * offsets are then zero, which centers nothing (the same codes, and decode values, as without
  * centering). The rows are in range (checked before). */
 static void set_offset(const i8a_kernels *kt, const row_source *src, size_t from, size_t to,
-                       float *off)
+                       const float *sign, float *off)
 {
     const i8a_cache *c = src->c;
     const size_t d = c->head_dim, hkv = c->n_kv_heads, per_block = I8A_OFFSET_SUMS / d;
@@ -196,8 +196,8 @@ static void set_offset(const i8a_kernels *kt, const row_source *src, size_t from
             const int keep = offset_keeps(src, from, to, h0 + h, sum + h * d);
             for (size_t i = 0; i < d; i++)
                 o[i] = keep ? (float)sum[h * d + i] : 0.0f;
-            if (c->sign)
-                kt->rotate(o, d, c->sign, 0, o);
+            if (sign)
+                kt->rotate(o, d, sign, 0, o);
         }
     }
 }
@@ -205,11 +205,11 @@ static void set_offset(const i8a_kernels *kt, const row_source *src, size_t from
 /* One row into codes and scale: rotated when the cache rotates, minus off when off != NULL.
  * The row is in range, so it stays finite through the rotation and the offset
  * (I8A_VALUE_MAX) and the quantizer cannot fail. */
-static void store_row(const i8a_kernels *kt, const i8a_cache *c, const float *x, const float *off,
-                      int8_t *codes, float *scale)
+static void store_row(const i8a_kernels *kt, const i8a_cache *c, const float *sign,
+                      const float *x, const float *off, int8_t *codes, float *scale)
 {
     float tmp[I8A_MAX_HEAD_DIM];
-    const float *y = maybe_rotated(kt, c, x, tmp);
+    const float *y = maybe_rotated(kt, c, sign, x, tmp);
     if (off) {
         for (size_t i = 0; i < c->head_dim; i++)
             tmp[i] = y[i] - off[i];
@@ -242,9 +242,9 @@ static int code_rows(const i8a_kernels *kt, const i8a_cache *c, const row_source
             }
             float tk[I8A_MAX_HEAD_DIM], tv[I8A_MAX_HEAD_DIM];
             int8_t vc[I8A_MAX_HEAD_DIM];
-            store_row(kt, c, row_at(src_k, pos, g, tk), centered ? c->k_offset + g * d : NULL,
+            store_row(kt, c, c->k_sign, row_at(src_k, pos, g, tk), centered ? c->k_offset + g * d : NULL,
                       c->k_codes + row * d, c->k_scale + row);
-            store_row(kt, c, row_at(src_v, pos, g, tv), centered ? c->v_offset + g * d : NULL,
+            store_row(kt, c, c->v_sign, row_at(src_v, pos, g, tv), centered ? c->v_offset + g * d : NULL,
                       vc, c->v_scale + row);
             v_put(c, g, pos, vc);
         }
@@ -277,8 +277,8 @@ int i8a_append(const i8a_kernels *kt, i8a_cache *c, const float *k, const float 
                 return in_range(k + r * d, d) ? 2 : 1;
             }
         }
-        set_offset(kt, &src_k, 1, to, c->k_offset);
-        set_offset(kt, &src_v, 1, to, c->v_offset);
+        set_offset(kt, &src_k, 1, to, c->k_sign, c->k_offset);
+        set_offset(kt, &src_v, 1, to, c->v_sign, c->v_offset);
         c->offsets_set = 1;
     }
     if (c->k_first && len == 0) {
@@ -726,8 +726,8 @@ static int window_state(const decode_job *job, size_t g, size_t r, const visible
     I8A_EXPECT(n <= c->recent);
     const i8a_float_rows rows = {kr, vr, ks, vs, n};
     job->kt->attend_float(qf, &rows, d, job->opt->softcap, logit, st->m, st->l, st->o);
-    if (c->sign)
-        job->kt->rotate(st->o, d, c->sign, 0, st->o);
+    if (c->v_sign)
+        job->kt->rotate(st->o, d, c->v_sign, 0, st->o);
     if (off)
         for (size_t i = 0; i < d; i++)
             st->o[i] = st->o[i] - st->l[0] * c->v_offset[g * d + i];
@@ -796,8 +796,8 @@ static void finish_head(const decode_job *job, size_t g)
     float *rm = (float *)(job->base + job->L.run_m) + g * rows;
     float *rl = (float *)(job->base + job->L.run_l) + g * rows;
     float *v0 = (float *)(job->base + job->L.v_pos0) + g * d;
-    if (c->k_first && c->sign)
-        job->kt->rotate(c->v_first + g * d, d, c->sign, 0, v0);    /* once for the head's rows */
+    if (c->k_first && c->v_sign)
+        job->kt->rotate(c->v_first + g * d, d, c->v_sign, 0, v0);  /* once for the head's rows */
     else if (c->k_first)
         memcpy(v0, c->v_first + g * d, d * sizeof(float));
     for (size_t r = 0; r < rows; r++) {
@@ -825,8 +825,8 @@ static void finish_head(const decode_job *job, size_t g)
         if (off)
             for (size_t i = 0; i < d; i++)
                 o[i] = o[i] + c->v_offset[g * d + i];
-        if (c->sign)
-            job->kt->rotate(o, d, c->sign, 1, o);           /* back from the rotated space */
+        if (c->v_sign)
+            job->kt->rotate(o, d, c->v_sign, 1, o);         /* back from the rotated space */
     }
 }
 
@@ -937,7 +937,7 @@ static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t
                 *bad = tt * h + head;
                 return in_range(q0, d) ? 2 : 1;
             }
-            const float *qrow = maybe_rotated(kt, c, q0, tmp);
+            const float *qrow = maybe_rotated(kt, c, c->k_sign, q0, tmp);
             if (prepare_q(kt, qrow, d, opt->q_bits == 16, opt->scale, q_hi + r * d, q_lo + r * d,
                           c_hi + r, c_lo + r, residual) != 0) {
                 *bad = tt * h + head;
@@ -1116,10 +1116,10 @@ static void dequantize_row(const i8a_kernels *kt, const i8a_cache *c, size_t g, 
             yk[i] = yk[i] + c->k_offset[g * d + i];
             yv[i] = yv[i] + c->v_offset[g * d + i];
         }
-    if (c->sign) {
-        kt->rotate(yk, d, c->sign, 1, yk);
-        kt->rotate(yv, d, c->sign, 1, yv);
-    }
+    if (c->k_sign)
+        kt->rotate(yk, d, c->k_sign, 1, yk);
+    if (c->v_sign)
+        kt->rotate(yv, d, c->v_sign, 1, yv);
 }
 
 void i8a_dequantize(const i8a_kernels *kt, const i8a_cache *c, float *k, float *v)

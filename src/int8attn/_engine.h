@@ -14,9 +14,9 @@
  * (dispatch.h): v_codes[head][position / 4][i][position % 4], ceil(max_seq / 4) tiles per head
  * (the slots of the last tile past max_seq, and of any tile past length, are never read with a
  * weight other than 0; they need not be initialized). In the comments below hkv, cap, d and len abbreviate n_kv_heads,
- * max_seq, head_dim and length. With a rotation (sign != NULL) K and V rows are stored
- * rotated, q is rotated before the dots and the output rotated back: (Rq).(Rk) = q.k and
- * R^T sum p (R v) = sum p v.
+ * max_seq, head_dim and length. With a rotation (k_sign, v_sign != NULL) K and V rows are
+ * stored rotated, q is rotated before the dots and the output rotated back: (Rq).(Rk) = q.k and
+ * R^T sum p (R v) = sum p v. The two sides rotate alike or not at all in an int8 cache.
  *
  * Keeping the first position (k_first != NULL): position 0, the attention sink, is also kept as
  * given in k_first / v_first, and decode reads it from there instead of from its codes.
@@ -63,7 +63,9 @@ typedef struct {
     float *k_scale, *v_scale;   /* [n_kv_heads][max_seq] */
     size_t n_kv_heads, max_seq, head_dim;
     size_t length;              /* tokens stored: rows 0 .. length-1 of every head */
-    const float *sign;          /* [head_dim] +-1 of the random-sign Hadamard rotation, or NULL */
+    const float *k_sign;        /* [head_dim] +-1 of the random-sign Hadamard rotation of K, or
+                                 * NULL: K unrotated (q then unrotated too) */
+    const float *v_sign;        /* the same for V (the output rotated back) */
     float *k_first, *v_first;   /* [n_kv_heads][head_dim] position 0 as appended, or NULL */
     float *k_offset, *v_offset; /* [n_kv_heads][head_dim] the offsets, or NULL: no centering */
     int offsets_set;            /* the offsets hold (decode adds them back); 0 without them */

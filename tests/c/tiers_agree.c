@@ -32,7 +32,9 @@ static int run_case(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
         sign[i] = (i * 2654435761u) & 64 ? -1.0f : 1.0f;
     i8a_cache c = {0};
     c.n_kv_heads = hkv, c.max_seq = len, c.head_dim = d, c.length = 0;
-    c.sign = len % 4 == 1 ? sign : NULL;        /* the rotation on a quarter of the cases */
+    /* both sides rotated on a quarter of the cases, V alone on another quarter */
+    c.k_sign = len % 4 == 1 ? sign : NULL;
+    c.v_sign = len % 4 == 1 || len % 4 == 3 ? sign : NULL;
     /* position 0 kept as floats on two thirds of the cases, and the offsets on half of those */
     float *centering = len % 3 ? malloc(4 * hkv * d * sizeof(float)) : NULL;
     if (centering)
