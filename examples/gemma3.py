@@ -12,9 +12,10 @@ greedy.
 
 ``--compare`` teacher-forces ``examples/quality_text.txt`` (or ``--text``) over float attention on
 an unquantized cache and over quantized caches (bfloat16 for scale; int8 in every format of
-``int8attn.FORMATS``, or those ``--formats`` names), and reports the agreement of the next-token
-choices and the KL divergence of the next-token distributions at every position after the first
-1000 tokens, and, per layer, the error of the attention output on the real activations. The
+``int8attn.FORMATS``; KVCache with K, V or both at 4 bits; or those ``--formats`` names), and
+reports the agreement of the next-token choices and the KL divergence of the next-token
+distributions at every position after the first 1000 tokens, and, per layer, the error of the
+attention output on the real activations. The
 first 1000 tokens go through in one call (a bulk prefill), or with ``--stream`` as if one token
 per call; the scored positions as if one per call (64 at a time, which reads what 64 single
 steps read). ``--limit N`` keeps the text's first N tokens. ``examples/kv_formats.py`` scores
@@ -207,11 +208,12 @@ class Gemma3:
         return (layer + 1) % 6 != 0
 
     def caches(self, max_seq, kind="int8", **options):
-        """Per layer: an Int8KVCache ("int8"; options are its keywords, int8attn's defaults
-        otherwise) or a float comparison cache ("fp32", or "bf16": K/V rounded to bfloat16)."""
-        if kind == "int8":
-            return [ia.Int8KVCache(self.n_kv, max_seq, self.head_dim, **options)
-                    for _ in range(self.n_layers)]
+        """Per layer: an Int8KVCache ("int8") or a KVCache ("kv", with k_bits / v_bits; options
+        are their keywords, int8attn's defaults otherwise), or a float comparison cache
+        ("fp32", or "bf16": K/V rounded to bfloat16)."""
+        if kind in QUANTIZED:
+            cls = ia.Int8KVCache if kind == "int8" else ia.KVCache
+            return [cls(self.n_kv, max_seq, self.head_dim, **options) for _ in range(self.n_layers)]
         return [FloatCache(self.n_kv, self.head_dim, kind == "bf16") for _ in range(self.n_layers)]
 
     def forward(self, ids, pos0, caches, record=None):
@@ -284,13 +286,18 @@ def softmax(x):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-# The rows of the quality report: (name, cache kind, Int8KVCache keywords), one per format of
+# The rows of the quality report: (name, cache kind, the cache's keywords), one per format of
 # int8attn.FORMATS: "plain" is the seed's format; "rotated" adds the rotation alone;
 # "keep_first" also keeps position 0 as floats; "centered" adds the offsets (the default before
 # the recent window); "recent" is keep_first with the recent window; "default", what
-# Int8KVCache() makes, centers that too.
+# Int8KVCache() makes, centers that too. Then KVCache with a side at 4 bits (BITS: K per channel
+# over groups of 32 positions, V per row; keep_first and the recent window as the default).
+BITS = {"k4v4": {"k_bits": 4, "v_bits": 4}, "k8v4": {"k_bits": 8, "v_bits": 4},
+        "k4v8": {"k_bits": 4, "v_bits": 8}}
+QUANTIZED = ("int8", "kv")
 VARIANTS = (("fp32", "fp32", {}), ("bf16", "bf16", {}),
-            *((f"int8, {name}", "int8", options) for name, options in ia.FORMATS.items()))
+            *((f"int8, {name}", "int8", options) for name, options in ia.FORMATS.items()),
+            *((f"4-bit, {name}", "kv", options) for name, options in BITS.items()))
 INT8 = [name for name, kind, _ in VARIANTS if kind == "int8"]
 
 
@@ -307,7 +314,7 @@ def compare(model, text_path, first=1000, chunk=128, rotation_seed=0, variants=V
     time. Returns per variant the top-1 agreement and the KL divergence of the next-token
     distributions at every position with at least `first` tokens before it (mean, median, max,
     the three positions with the largest, as (position, KL), and per position: "kl", "agree"),
-    and for the int8 variants, per layer, the error of the attention output at the last
+    and for the quantized variants, per layer, the error of the attention output at the last
     position (vs the cache's own dequantized history, and vs the unquantized K/V).
     rotation_seed goes to every rotated int8 cache.
 
@@ -329,14 +336,14 @@ def compare(model, text_path, first=1000, chunk=128, rotation_seed=0, variants=V
         if progress:
             progress(f"[{time.perf_counter() - t0:6.1f} s] cache {v + 1} of {len(variants)}: "
                      f"{name}, {n} tokens teacher-forced")
-        if kind == "int8" and options.get("rotate", True):
+        if kind in QUANTIZED and options.get("rotate", True):
             options = dict(options, rotation_seed=rotation_seed)
         caches = kind(model, n, **options) if callable(kind) else model.caches(n, kind, **options)
         raw = [FloatCache(model.n_kv, model.head_dim) for _ in range(model.n_layers)]
         errs = {}
 
         def record(i, q, a, caches=caches, raw=raw, errs=errs, kind=kind):
-            if kind != "int8" or not record.final:
+            if kind not in QUANTIZED or not record.final:
                 return
             kd, vd = caches[i].dequantize()
             kr, vr = raw[i].k, raw[i].v
@@ -347,7 +354,7 @@ def compare(model, text_path, first=1000, chunk=128, rotation_seed=0, variants=V
             errs[i] = (rel_err(a[-1], ref_dq), rel_err(a[-1], ref_fp))
 
         out = []
-        tap = [RawTap(c, r) for c, r in zip(caches, raw)] if kind == "int8" else caches
+        tap = [RawTap(c, r) for c, r in zip(caches, raw)] if kind in QUANTIZED else caches
         prefix = [0, 1, *range(2, first, step)] if stream else [*range(0, first, chunk or first)]
         bounds = [*prefix, *range(first, n, step), n]
         for s, e in zip(bounds[:-1], bounds[1:]):
@@ -420,8 +427,9 @@ def main(argv=None):
     ap.add_argument("--stream", action="store_true",
                     help="--compare: every token in its own call (default: the first --first "
                          "tokens in one call, a bulk prefill)")
-    ap.add_argument("--formats", nargs="+", choices=list(ia.FORMATS), default=None,
-                    help="--compare: only these int8 formats (default: all of int8attn.FORMATS)")
+    ap.add_argument("--formats", nargs="+", choices=[*ia.FORMATS, *BITS], default=None,
+                    help="--compare: only these formats (default: every int8 format of "
+                         "int8attn.FORMATS and the 4-bit ones: k4v4, k8v4, k4v8)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     model = Gemma3(model_path())
@@ -434,7 +442,8 @@ def main(argv=None):
         print(f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
         return
     variants = VARIANTS if args.formats is None else VARIANTS[:2] + tuple(
-        (f"int8, {name}", "int8", ia.FORMATS[name]) for name in args.formats)
+        (f"int8, {name}", "int8", ia.FORMATS[name]) if name in ia.FORMATS
+        else (f"4-bit, {name}", "kv", BITS[name]) for name in args.formats)
     rep = compare(model, args.text, args.first, chunk=None, rotation_seed=args.rotation_seed,
                   variants=variants, limit=args.limit, stream=args.stream,
                   progress=lambda m: print(m, file=sys.stderr, flush=True))
@@ -457,7 +466,7 @@ def main(argv=None):
               + f"  ({share:.0%})")
     print("attention output at the last position, per layer (max|err| / max|ref|), against the "
           "cache's dequantized history / against the unquantized K/V:")
-    int8 = [name for name in rep["rows"] if name.startswith("int8")]
+    int8 = [name for name in rep["rows"] if name.startswith(("int8", "4-bit"))]
     print(f"  {'layer':>5}  {'kind':<6}  " + "  ".join(f"{name:>22}" for name in int8))
     for i in range(model.n_layers):
         cells = [rep["rows"][name]["layers"][i] for name in int8]

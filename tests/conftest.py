@@ -141,7 +141,7 @@ def attention_over_history(cache, q, **options):
     state = cache.state_dict() if t > 1 else None
     outs = []
     for i in range(t):
-        cut = cache if t == 1 else ia.Int8KVCache.from_state_dict(state)
+        cut = cache if t == 1 else type(cache).from_state_dict(state)
         if t > 1:
             cut.truncate(n - t + i + 1)
         outs.append(R.attention(rows[i], *cut.dequantize(), **options))

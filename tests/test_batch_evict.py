@@ -87,8 +87,8 @@ def test_decode_batch_errors_name_the_argument_and_write_nothing():
     cases = [
         (([a, a], q), ValueError, "distinct"),
         (([], q), ValueError, "at least one"),
-        ((a, q[0]), TypeError, "sequence of Int8KVCache"),
-        (([a, "b"], q), TypeError, r"caches\[1\] must be an Int8KVCache, got str"),
+        ((a, q[0]), TypeError, "sequence of KVCache, got one Int8KVCache"),
+        (([a, "b"], q), TypeError, r"caches\[1\] must be a KVCache or Int8KVCache, got str"),
         (([a, other], q), ValueError, r"caches\[1\] has n_kv_heads=1"),
         (([a, b], q[:1]), ValueError, r"B=2"),
         (([a, b], np.ones((2, 21, 4, 32))), ValueError, "the shortest cache holds 20"),

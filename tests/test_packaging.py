@@ -21,23 +21,28 @@ def test_installed_package_is_typed():
     assert os.path.exists(os.path.join(PACKAGE, "_cache.pyi"))
 
 
-def test_stub_declares_the_public_api():
-    """Every public name of Int8KVCache is in the stub, and __init__'s keywords and defaults
-    match the runtime ones."""
+@pytest.mark.parametrize("name", ["KVCache", "Int8KVCache"])
+def test_stub_declares_the_public_api(name):
+    """Every public name of KVCache and Int8KVCache is in the stub (Int8KVCache's through its
+    base), and __init__'s keywords and defaults match the runtime ones."""
     import ast
     tree = ast.parse(open(os.path.join(PACKAGE, "_cache.pyi")).read())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Int8KVCache")
-    names = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
-    names |= {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
-    public = {n for n in dir(ia.Int8KVCache) if not n.startswith("_")}
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    names = set()
+    for cls in (classes[name], classes["KVCache"]):
+        names |= {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+        names |= {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
+    runtime = getattr(ia, name)
+    public = {n for n in dir(runtime) if not n.startswith("_")}
     assert public <= names, sorted(public - names)
-    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    init = next(n for n in classes[name].body
+                if isinstance(n, ast.FunctionDef) and n.name == "__init__")
     stub_kw = {a.arg: ast.literal_eval(d) for a, d in zip(init.args.kwonlyargs, init.args.kw_defaults)}
-    assert stub_kw == {a: p.default for a, p in inspect.signature(ia.Int8KVCache).parameters.items()
+    assert stub_kw == {a: p.default for a, p in inspect.signature(runtime).parameters.items()
                        if p.kind == p.KEYWORD_ONLY}
-    cache = ia.Int8KVCache(1, 1, 16)                 # center=None resolves to keep_first
-    assert (cache.rotate, cache.rotation_seed, cache.keep_first, cache.center, cache.recent) == (
-        True, 0, True, True, 64)
+    cache = runtime(1, 1, 16)                 # center=None resolves to keep_first
+    assert (cache.k_bits, cache.v_bits, cache.rotate, cache.rotation_seed, cache.keep_first,
+            cache.center, cache.recent) == (8, 8, True, 0, True, True, 64)
 
 
 def test_layout_files(tmp_path):

@@ -126,7 +126,7 @@ def test_mismatched_state_is_a_clear_error(tmp_path):
     cases = [
         ({k: v for k, v in s.items() if k != "v_i8"}, "lacks v_i8"),
         (tamper(s, format="something.else"), "format is"),
-        (tamper(s, format_version=4), "format_version is 4"),
+        (tamper(s, format_version=5), "format_version is 5"),
         (tamper(s, format_version=0), "format_version is 0"),
         (tamper(s, recent=2000), "recent must be from 0 to 1024, got 2000"),
         (tamper(s, k_recent=s["k_recent"][:, :1]), r"k_recent must be float32 \[n, 2, 32\]"),

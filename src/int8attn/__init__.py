@@ -12,8 +12,8 @@ accumulation over the int8 V stream, with SIMD kernels chosen for this CPU at im
 """
 
 try:
-    from ._cache import (Int8KVCache, decode_batch, get_num_threads, isa, set_num_threads,
-                         supported_isas)
+    from ._cache import (Int8KVCache, KVCache, decode_batch, get_num_threads, isa,
+                         set_num_threads, supported_isas)
 except ModuleNotFoundError as e:         # the sources without the compiled front end
     if e.name != f"{__name__}._cache":
         raise
@@ -27,6 +27,6 @@ from ._format import FORMATS
 __version__ = "0.1.0"
 
 __all__ = [
-    "Int8KVCache", "decode_batch", "FORMATS", "isa", "supported_isas", "set_num_threads", "get_num_threads",
+    "Int8KVCache", "KVCache", "decode_batch", "FORMATS", "isa", "supported_isas", "set_num_threads", "get_num_threads",
     "reference", "__version__",
 ]

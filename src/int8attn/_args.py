@@ -9,6 +9,7 @@ thread in, so what they check against must not change meanwhile.
 
 import inspect
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -122,16 +123,38 @@ def _constructor(n_kv_heads, max_seq, head_dim, *, rotate=F.DEFAULT["rotate"], r
     """Int8KVCache's signature (its C-level constructor takes any arguments)."""
 
 
+def _general_constructor(n_kv_heads, max_seq, head_dim, *, k_bits=8, v_bits=8,
+                         rotate=F.DEFAULT["rotate"], rotation_seed=0,
+                         keep_first=F.DEFAULT["keep_first"], center=None,
+                         recent=F.DEFAULT["recent"]):
+    """KVCache's signature."""
+
+
 SIGNATURE = inspect.signature(_constructor)
+GENERAL_SIGNATURE = inspect.signature(_general_constructor)
 
 
-def constructor(args, kwargs):
-    """Int8KVCache's arguments, checked: (n_kv_heads, max_seq, head_dim, rotate, rotation_seed,
-    keep_first, center, recent)."""
+class Options(NamedTuple):
+    """A cache's constructor arguments, checked."""
+    n_kv_heads: int
+    max_seq: int
+    head_dim: int
+    k_bits: int
+    v_bits: int
+    rotate: bool
+    rotation_seed: int
+    keep_first: bool
+    center: bool
+    recent: int
+
+
+def constructor(args, kwargs, general):
+    """The arguments of KVCache (`general`) or Int8KVCache (8-bit sides only), checked."""
+    name = "KVCache" if general else "Int8KVCache"
     try:
-        bound = SIGNATURE.bind(*args, **kwargs)
+        bound = (GENERAL_SIGNATURE if general else SIGNATURE).bind(*args, **kwargs)
     except TypeError as e:
-        raise TypeError(f"Int8KVCache(): {e} (n_kv_heads, max_seq and head_dim are positional, "
+        raise TypeError(f"{name}(): {e} (n_kv_heads, max_seq and head_dim are positional, "
                         f"the options keyword-only)") from None
     bound.apply_defaults()
     a = bound.arguments
@@ -140,23 +163,41 @@ def constructor(args, kwargs):
     d = int_from(a["head_dim"], "head_dim", 1)
     if d % 16 != 0 or d > F.MAX_HEAD_DIM:
         raise ValueError(f"head_dim must be a multiple of 16 and at most {F.MAX_HEAD_DIM}, got {d}")
+    bits = {}
+    for side in ("k_bits", "v_bits"):
+        bits[side] = as_int(a.get(side, 8), side)
+        if bits[side] not in F.BITS:
+            raise ValueError(f"{side} must be one of {', '.join(map(str, F.BITS))}, got "
+                             f"{bits[side]}")
+    four = 4 in bits.values()
+    if four and d % F.NIB_BLOCK:
+        raise ValueError(f"head_dim must be a multiple of {F.NIB_BLOCK} with a side at 4 bits "
+                         f"(its codes pack in blocks of {F.NIB_BLOCK}), got {d}")
     rotate = as_bool(a["rotate"], "rotate")
     keep_first = as_bool(a["keep_first"], "keep_first")
-    center = keep_first if a["center"] is None else as_bool(a["center"], "center")
+    center = (keep_first and not four) if a["center"] is None else as_bool(a["center"], "center")
     recent = as_int(a["recent"], "recent")
     if not 0 <= recent <= F.RECENT_MAX:
         raise ValueError(f"recent must be from 0 to {F.RECENT_MAX}, got {recent}")
+    if bits["k_bits"] == 4 and recent < F.K4_GROUP:
+        raise ValueError(f"recent must be at least {F.K4_GROUP} with k_bits=4 (K's groups of "
+                         f"{F.K4_GROUP} positions are read from the window until complete), "
+                         f"got {recent}")
     seed = as_int(a["rotation_seed"], "rotation_seed")
     if not 0 <= seed < 1 << 64:
         raise ValueError(f"rotation_seed must be from 0 to 2**64 - 1, got {seed}")
     if center and not keep_first:
         raise ValueError("center=True needs keep_first=True: the offsets come from the rows "
                          "past position 0, so position 0 is kept as floats")
+    if center and four:
+        raise ValueError("center=True needs k_bits=8 and v_bits=8: a side at 4 bits keeps its "
+                         "own minima instead of offsets")
     need = 2 * hkv * cap * (d + 4) + 4 * hkv * d * 4 + 2 * min(2 * recent, cap) * hkv * d * 4
     if need > INT_MAX:
         raise ValueError(f"max_seq={cap} with n_kv_heads={hkv}, head_dim={d} needs {need} "
                          f"bytes of buffers, more than this platform can address")
-    return hkv, cap, d, rotate, seed, keep_first, center, recent
+    return Options(hkv, cap, d, bits["k_bits"], bits["v_bits"], rotate, seed, keep_first, center,
+                   recent)
 
 
 # -- append and decode --------------------------------------------------------------------

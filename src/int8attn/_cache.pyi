@@ -11,16 +11,18 @@ def supported_isas() -> tuple[str, ...]: ...
 def set_num_threads(n: int) -> None: ...
 def get_num_threads() -> int: ...
 
-class Int8KVCache:
+class KVCache:
+    k_bits: int
+    v_bits: int
     rotate: bool
     rotation_seed: int
     keep_first: bool
     center: bool
     recent: int
     def __init__(
-        self, n_kv_heads: int, max_seq: int, head_dim: int, *, rotate: bool = True,
-        rotation_seed: int = 0, keep_first: bool = True, center: bool | None = None,
-        recent: int = 64,
+        self, n_kv_heads: int, max_seq: int, head_dim: int, *, k_bits: int = 8, v_bits: int = 8,
+        rotate: bool = True, rotation_seed: int = 0, keep_first: bool = True,
+        center: bool | None = None, recent: int = 64,
     ) -> None: ...
     @property
     def n_kv_heads(self) -> int: ...
@@ -53,10 +55,10 @@ class Int8KVCache:
     def evict(self, n: int) -> None: ...
     def state_dict(self) -> dict[str, Any]: ...
     @classmethod
-    def from_state_dict(cls, state: dict[str, Any], max_seq: int | None = None) -> "Int8KVCache": ...
+    def from_state_dict(cls, state: dict[str, Any], max_seq: int | None = None) -> "KVCache": ...
     def save(self, path: Any) -> None: ...  # a path or a binary file object
     @classmethod
-    def load(cls, path: Any, max_seq: int | None = None) -> "Int8KVCache": ...
+    def load(cls, path: Any, max_seq: int | None = None) -> "KVCache": ...
     def append(self, k: npt.ArrayLike | Any, v: npt.ArrayLike | Any) -> None: ...
     def decode(
         self,
@@ -70,8 +72,15 @@ class Int8KVCache:
         softcap: float | None = None,
     ) -> npt.NDArray[np.float32] | Any: ...
 
+class Int8KVCache(KVCache):
+    def __init__(
+        self, n_kv_heads: int, max_seq: int, head_dim: int, *, rotate: bool = True,
+        rotation_seed: int = 0, keep_first: bool = True, center: bool | None = None,
+        recent: int = 64,
+    ) -> None: ...
+
 def decode_batch(
-    caches: Sequence[Int8KVCache],
+    caches: Sequence[KVCache],
     q: npt.ArrayLike | Any,
     *,
     scale: float | None = None,

@@ -1,14 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
 # cython: freethreading_compatible=True
-"""The compiled front end: Int8KVCache owns the cache buffers and calls the engine with the GIL
+"""The compiled front end: KVCache (and Int8KVCache, its 8-bit form) owns the cache buffers and calls the engine with the GIL
 released. Arguments are converted and checked by ``_args`` and files by ``_state`` (plain
 Python), always with the cache's busy flag held; this module passes C what they return and
 turns the engine's status into an exception. Public names are re-exported by ``int8attn``;
 names starting with an underscore are private (tests and benchmarks use them)."""
 
 from cython.view cimport array as cvarray
-from libc.stdint cimport int8_t, int32_t, uint16_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, uint8_t, uint16_t, uint64_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memset
 
 import os
 
@@ -25,6 +26,8 @@ cdef extern from "_simd/dispatch.h" nogil:
         I8A_CHUNK
         I8A_MAX_HEAD_DIM
         I8A_V_TILE
+        I8A_K4_GROUP
+        I8A_NIB_BLOCK
     ctypedef struct i8a_query:
         size_t d, nq
         int two_planes
@@ -44,6 +47,8 @@ cdef extern from "_simd/dispatch.h" nogil:
         const int8_t *next_k
         const int8_t *next_v
         size_t next_n
+        const uint8_t *k4
+        const uint8_t *v4
     ctypedef struct i8a_state:
         float *m
         float *l
@@ -91,12 +96,21 @@ cdef extern from "_engine.h" nogil:
         size_t ring_shift, held_from
         void *work
         size_t work_bytes
+        int k_bits, v_bits
+        uint8_t *k4
+        uint16_t *k4_min
+        uint16_t *k4_step
+        float *k4_min_scale
+        float *k4_step_scale
+        uint8_t *v4
+        float *v4_min
     ctypedef struct i8a_options:
         float scale
         int q_bits
         size_t window, sinks
         float softcap
     void i8a_cache_free_work(i8a_cache *c)
+    size_t i8a_k4_groups(size_t cap)
     void *i8a_alloc_aligned(size_t bytes)
     void i8a_free_aligned(void *p)
     void i8a_rotation_signs(uint64_t seed, size_t d, float *sign)
@@ -130,6 +144,7 @@ cdef extern from "_pool.h" nogil:
 
 # the C limits are the ones _format states (its docstring)
 for _name, _c_value in (("CHUNK", I8A_CHUNK), ("MAX_HEAD_DIM", I8A_MAX_HEAD_DIM), ("V_TILE", I8A_V_TILE),
+                        ("K4_GROUP", I8A_K4_GROUP), ("NIB_BLOCK", I8A_NIB_BLOCK),
                         ("OFFSET_MIN_ROWS", I8A_OFFSET_MIN_ROWS), ("RECENT_MAX", I8A_RECENT_MAX),
                         ("VALUE_MAX", I8A_VALUE_MAX),
                         ("QSCALE_MAX", I8A_QSCALE_MAX), ("MAX_THREADS", I8A_MAX_THREADS)):
@@ -277,20 +292,49 @@ def _tile_into(tiles, rows):
         tiles[:, whole, :, :part] = rows[:, size * whole:].transpose(0, 2, 1)
 
 
+def _aligned_zeros(shape, str fmt, size_t itemsize):
+    """_aligned_empty, filled with zeros."""
+    a = _aligned_empty(shape, fmt, itemsize)
+    a.fill(0)
+    return a
+
+
+def _halves_into(values, halves, scales, str name):
+    """Rows values [m, D] float32 (each a row of halves times a power of two, as the engine
+    writes them) into halves [m, D] and scales [m] by the tier's half_row; ValueError naming
+    `name` when a row does not come back exactly."""
+    cdef float[:, ::1] x = np.ascontiguousarray(values, dtype=np.float32)
+    cdef uint16_t[:, ::1] h = halves
+    cdef float[::1] s = scales
+    cdef size_t m = x.shape[0], d = x.shape[1], r
+    cdef const i8a_kernels *kt = i8a_load_tier(&_kt)
+    for r in range(m):
+        s[r] = kt.half_row(&x[r, 0], d, &h[r, 0])
+    back = np.asarray(halves).view(np.float16).astype(np.float32) * np.asarray(scales)[:, None]
+    if not np.array_equal(back, np.asarray(x)):
+        raise ValueError(f"state {name} holds rows that are not halves times a power of two, "
+                         f"as a cache writes them")
+
+
 def _readonly(arr):
     """A view of arr that numpy will not let anyone make writeable again."""
     return np.frombuffer(memoryview(arr).toreadonly(), dtype=arr.dtype).reshape(arr.shape)
 
 
-cdef class Int8KVCache:
-    """Int8KVCache(n_kv_heads, max_seq, head_dim, *, rotate=True, rotation_seed=0, keep_first=True, center=None, recent=64)
+cdef class KVCache:
+    """KVCache(n_kv_heads, max_seq, head_dim, *, k_bits=8, v_bits=8, rotate=True, rotation_seed=0, keep_first=True, center=None, recent=64)
 --
 
-An int8 KV cache for single-token decode attention.
+A quantized KV cache for decode attention: K and V at 8 or 4 bits each.
 
-    Stores K and V per token and kv head as int8 codes with one float32 absmax scale each
-    (``scale = max|x| / 127``, codes ``round(x / scale)`` in [-127, 127]): half the bytes of an
-    fp16 cache, a quarter of fp32. All buffers are allocated once, for ``max_seq`` tokens.
+    At 8 bits (the default, as ``Int8KVCache``) each token and kv head stores int8 codes with
+    one float32 absmax scale per row (``scale = max|x| / 127``, codes ``round(x / scale)`` in
+    [-127, 127]): half the bytes of an fp16 cache. At 4 bits K is stored per channel: each
+    group of 32 positions of a kv head keeps, per channel, a minimum and a step (fp16 times a
+    power of two per group) and every value a code 0 .. 15 (``min + step * code``); V is stored
+    per token: a float32 minimum and step per row, codes 0 .. 15. 4/4 takes about 0.58x the
+    bytes of 8/8 (with the recent window, at 8192 tokens of Hkv = 8, D = 128). All buffers are
+    allocated once, for ``max_seq`` tokens.
 
     Parameters
     ----------
@@ -299,14 +343,17 @@ An int8 KV cache for single-token decode attention.
     max_seq : int
         Capacity in tokens, >= 1.
     head_dim : int
-        Head dimension D: a multiple of 16, at most 1024.
+        Head dimension D: a multiple of 16 (of 32 with a side at 4 bits), at most 1024.
+    k_bits, v_bits : {8, 4}
+        Bits per stored K and V value. K at 4 bits needs ``recent >= 32`` (a group is read from
+        the recent window until all its positions are appended) and is never rotated.
     rotate : bool
-        True (the default): store K and V rotated by a fixed random-sign Walsh-Hadamard
-        transform (orthonormal, block-diagonal over the largest power-of-two block dividing D),
-        and rotate q and the output to match: attention is unchanged, while outlier channels of
-        K no longer set every row's scale. ``k_i8``/``v_i8`` then hold the rotated codes;
-        ``dequantize`` returns the un-rotated values. False stores plain per-row absmax codes
-        (with ``q_bits=8``, the seed's exact method).
+        True (the default): store the sides at 8 bits and V at 4 bits rotated by a fixed
+        random-sign Walsh-Hadamard transform (orthonormal, block-diagonal over the largest
+        power-of-two block dividing D), and rotate q and the output to match: attention is
+        unchanged, while outlier channels no longer set every row's scale. ``k_i8``/``v_i8``
+        then hold the rotated codes; ``dequantize`` returns the un-rotated values. False stores
+        plain per-row codes (with ``q_bits=8``, the seed's exact method).
     rotation_seed : int
         Seed of the rotation's signs (0 .. 2**64 - 1).
     keep_first : bool
@@ -323,16 +370,18 @@ An int8 KV cache for single-token decode attention.
         the append that first reaches past position 0 sets them from its own rows when it holds
         at least 16 of them, else to zeros (so they depend on how the appends were split). A
         kv head whose mean would more than double most of its rows (one huge outlier) gets
-        zeros. Needs ``keep_first``. None (the default): the value of ``keep_first``.
+        zeros. Needs ``keep_first`` and both sides at 8 bits. None (the default): the value of
+        ``keep_first`` for an 8-bit cache, False with a side at 4 bits.
     recent : int
         R, 64 by default, 0 to 1024: the last R positions are also kept as IEEE halves with a
         power-of-two scale per row (11 significant bits whatever the row's range:
         ``reference.half_rows``), and decode reads them from there in float32; a token leaves
-        this window for its int8 codes when R newer ones have been appended. Every row is
-        quantized as it is appended (positions 1 .. R from their halves), so the stored state
-        does not depend on how appends were split. The cache holds the last ``2 * R`` positions
-        (capped at ``max_seq``), so ``truncate`` can take back up to R tokens exactly. Costs
-        ``2 * min(2R, max_seq) * Hkv * (2 * D + 4)`` bytes. 0: no window.
+        this window for its codes when R newer ones have been appended. Every row is quantized
+        as it is appended (positions 1 .. R from their halves; K at 4 bits a group at a time,
+        from its rows' halves), so the stored state does not depend on how appends were split.
+        The cache holds the last ``2 * R`` positions (capped at ``max_seq``), so ``truncate``
+        can take back up to R tokens exactly. Costs ``2 * min(2R, max_seq) * Hkv * (2 * D + 4)``
+        bytes. 0: no window.
 
     Notes
     -----
@@ -341,10 +390,14 @@ An int8 KV cache for single-token decode attention.
     decode in parallel from different Python threads.
     """
 
-    __signature__ = _args.SIGNATURE
+    __signature__ = _args.GENERAL_SIGNATURE
 
     cdef i8a_cache _c
-    cdef object _k, _v, _ks, _vs              # owned buffers (numpy)
+    cdef object _k, _v, _ks, _vs              # owned buffers (numpy): codes and scales; at 4
+                                              # bits _k, _v hold the nibbles and _ks K's groups
+    cdef object _k4p, _k4s                    # K at 4 bits: [2, Hkv, groups, D] uint16 halves
+                                              # (minima, steps), [2, Hkv, groups] float32 scales
+    cdef object _v4m                          # V at 4 bits: [Hkv, max_seq] float32 minima
     cdef object _k_ro, _ks_ro, _vs_ro         # read-only views of the whole buffers
     cdef int _busy                            # taken by every call: i8a_try_acquire
     cdef object _sign                         # [D] float32 +-1 of the rotation, or None
@@ -352,6 +405,8 @@ An int8 KV cache for single-token decode attention.
     cdef object _ko, _vo                      # [Hkv, D] float32 with center, else None
     cdef object _kr, _vr                      # [Hkv * ring, D] uint16 halves with recent
     cdef object _krs, _vrs                    # [Hkv, ring] float32 their scales (or None)
+    cdef readonly int k_bits
+    cdef readonly int v_bits
     cdef readonly bint rotate
     cdef readonly object rotation_seed
     cdef readonly bint keep_first
@@ -361,23 +416,48 @@ An int8 KV cache for single-token decode attention.
     def __cinit__(self, *args, **kwargs):
         # The buffers are made here, once: __init__ can be called again, __cinit__ cannot, so
         # no call can swap a buffer from under a decode running without the GIL.
-        hkv, cap, d, rotate, seed, keep_first, center, recent = _args.constructor(args, kwargs)
-        self._k = _aligned_empty((hkv, cap, d), "b", 1)
-        self._v = _aligned_empty((hkv, _tile_count(cap), d, F.V_TILE), "b", 1)   # (_untile)
-        self._ks = _aligned_empty((hkv, cap), "f", 4)
+        o = _args.constructor(args, kwargs, not isinstance(self, Int8KVCache))
+        hkv, cap, d, recent = o.n_kv_heads, o.max_seq, o.head_dim, o.recent
+        cdef int8_t[:, :, ::1] k
+        cdef int8_t[:, :, :, ::1] v
+        cdef uint8_t[:, :, ::1] k4
+        cdef uint8_t[:, :, ::1] v4
+        cdef uint16_t[:, :, :, ::1] k4p
+        cdef float[:, :, ::1] k4s
+        cdef size_t groups = i8a_k4_groups(cap)
+        memset(&self._c, 0, sizeof(i8a_cache))   # every field zero: the sides fill theirs
+        self._c.k_bits, self._c.v_bits = o.k_bits, o.v_bits
+        self._k4p = self._k4s = self._v4m = None
+        if o.k_bits == 8:
+            self._k = _aligned_empty((hkv, cap, d), "b", 1)
+            self._ks = _aligned_empty((hkv, cap), "f", 4)
+            k = self._k
+            self._c.k_codes, self._c.k_scale = &k[0, 0, 0], _data(self._ks)
+            self._k_ro, self._ks_ro = _readonly(self._k), _readonly(self._ks)
+        else:                                 # zeroed: groups never coded read as zeros
+            self._k = _aligned_zeros((hkv, cap, d // 2), "B", 1)
+            self._k4p = _aligned_zeros((2, hkv, groups, d), "H", 2)
+            self._k4s = _aligned_zeros((2, hkv, groups), "f", 4)
+            k4, k4p, k4s = self._k, self._k4p, self._k4s
+            self._c.k4 = &k4[0, 0, 0]
+            self._c.k4_min, self._c.k4_step = &k4p[0, 0, 0, 0], &k4p[1, 0, 0, 0]
+            self._c.k4_min_scale, self._c.k4_step_scale = &k4s[0, 0, 0], &k4s[1, 0, 0]
+            self._ks = self._k4s
+            self._k_ro = self._ks_ro = None
         self._vs = _aligned_empty((hkv, cap), "f", 4)
-        self._k_ro = _readonly(self._k)
-        self._ks_ro, self._vs_ro = _readonly(self._ks), _readonly(self._vs)
-        cdef int8_t[:, :, ::1] k = self._k
-        cdef int8_t[:, :, :, ::1] v = self._v
-        self._c.k_codes, self._c.v_codes = &k[0, 0, 0], &v[0, 0, 0, 0]
-        self._c.k_scale, self._c.v_scale = _data(self._ks), _data(self._vs)
+        self._c.v_scale = _data(self._vs)
+        self._vs_ro = _readonly(self._vs)
+        if o.v_bits == 8:
+            self._v = _aligned_empty((hkv, _tile_count(cap), d, F.V_TILE), "b", 1)   # (_untile)
+            v = self._v
+            self._c.v_codes = &v[0, 0, 0, 0]
+        else:
+            self._v = _aligned_zeros((hkv, _tile_count(cap), 2 * d), "B", 1)
+            self._v4m = _aligned_empty((hkv, cap), "f", 4)
+            v4 = self._v
+            self._c.v4, self._c.v4_min = &v4[0, 0, 0], _data(self._v4m)
         self._c.n_kv_heads, self._c.max_seq, self._c.head_dim, self._c.length = hkv, cap, d, 0
-        self._c.work, self._c.work_bytes = NULL, 0
-        self._c.offsets_set, self._c.ring_shift, self._c.held_from = 0, 0, 0
         self._c.recent, self._c.ring = recent, min(2 * recent, cap)
-        self._c.k_recent = self._c.v_recent = NULL
-        self._c.k_rscale = self._c.v_rscale = NULL
         self._kr = self._vr = self._krs = self._vrs = None
         cdef uint16_t[:, ::1] halves
         if recent:
@@ -391,19 +471,20 @@ An int8 KV cache for single-token decode attention.
             self._c.v_recent = &halves[0, 0]
             self._c.k_rscale, self._c.v_rscale = _data(self._krs), _data(self._vrs)
         self._busy = 0
-        self.rotate, self.rotation_seed = rotate, seed
-        self.keep_first, self.center, self.recent = keep_first, center, recent
+        self.k_bits, self.v_bits = o.k_bits, o.v_bits
+        self.rotate, self.rotation_seed = o.rotate, o.rotation_seed
+        self.keep_first, self.center, self.recent = o.keep_first, o.center, recent
         self._sign = self._kf = self._vf = self._ko = self._vo = None
-        self._c.k_sign = self._c.v_sign = NULL
-        self._c.k_first = self._c.v_first = self._c.k_offset = self._c.v_offset = NULL
-        if rotate:
+        if o.rotate:
             self._sign = np.empty((1, d), np.float32)
-            self._c.k_sign = self._c.v_sign = _data(self._sign)
-            i8a_rotation_signs(seed, d, _data(self._sign))
-        if keep_first:
+            i8a_rotation_signs(o.rotation_seed, d, _data(self._sign))
+            self._c.v_sign = _data(self._sign)
+            if o.k_bits == 8:                 # (K at 4 bits is stored per channel, unrotated)
+                self._c.k_sign = _data(self._sign)
+        if o.keep_first:
             self._kf, self._vf = np.zeros((hkv, d), np.float32), np.zeros((hkv, d), np.float32)
             self._c.k_first, self._c.v_first = _data(self._kf), _data(self._vf)
-        if center:
+        if o.center:
             self._ko, self._vo = np.zeros((hkv, d), np.float32), np.zeros((hkv, d), np.float32)
             self._c.k_offset, self._c.v_offset = _data(self._ko), _data(self._vo)
 
@@ -429,35 +510,52 @@ An int8 KV cache for single-token decode attention.
 
     @property
     def nbytes(self):
-        """Bytes of the cache's buffers (K and V codes and scales for max_seq tokens, V's codes
-        for max_seq rounded up to a multiple of 4; the float rows of position 0 with
-        keep_first, the offsets with center, and the ring of the recent window: K and V rows
-        of min(2 * recent, max_seq) positions as halves, a float32 scale per row)."""
+        """Bytes of the cache's buffers: K and V codes and their scales for max_seq tokens (V's
+        codes for max_seq rounded up to a multiple of 4; at 4 bits half a byte a code, K's
+        groups two halves per channel and two float32 scales, V two float32 per row); the float
+        rows of position 0 with keep_first, the offsets with center, and the ring of the recent
+        window: K and V rows of min(2 * recent, max_seq) positions as halves, a float32 scale
+        per row."""
         hkv, d, cap = self._c.n_kv_heads, self._c.head_dim, self._c.max_seq
+        groups = i8a_k4_groups(cap)
         extra = 2 * hkv * (int(self.keep_first) + int(self.center)) * d * 4
         extra += 2 * hkv * self._c.ring * (d * 2 + 4)
-        return hkv * (cap * (d + 8) + F.V_TILE * _tile_count(cap) * d) + extra
+        k = cap * (d + 4) if self.k_bits == 8 else cap * d // 2 + groups * (4 * d + 8)
+        v = (F.V_TILE * _tile_count(cap) * d + cap * 4 if self.v_bits == 8
+             else 2 * _tile_count(cap) * d + cap * 8)
+        return hkv * (k + v) + extra
 
     def __len__(self):
         return self._c.length
 
     def __repr__(self):
-        return (f"Int8KVCache(n_kv_heads={self._c.n_kv_heads}, max_seq={self._c.max_seq}, "
-                f"head_dim={self._c.head_dim}, rotate={self.rotate}, keep_first={self.keep_first}, "
-                f"center={self.center}, recent={self.recent}) holding {self._c.length} tokens")
+        bits = (f"k_bits={self.k_bits}, v_bits={self.v_bits}, "
+                if not isinstance(self, Int8KVCache) else "")
+        return (f"{type(self).__name__}(n_kv_heads={self._c.n_kv_heads}, "
+                f"max_seq={self._c.max_seq}, head_dim={self._c.head_dim}, {bits}"
+                f"rotate={self.rotate}, keep_first={self.keep_first}, center={self.center}, "
+                f"recent={self.recent}) holding {self._c.length} tokens")
+
+    cdef _eight(self, str name, int bits):
+        """The int8 views exist only for a side at 8 bits."""
+        if bits != 8:
+            raise AttributeError(f"{name}: this cache stores {name[0].upper()} at {bits} bits, "
+                                 f"without int8 codes (state_dict() holds its codes)")
 
     # -- the stored history ---------------------------------------------------------------
 
     @property
     def k_i8(self):
-        """Read-only view of the stored K codes, [Hkv, len, D] int8 (no copy)."""
+        """Read-only view of the stored K codes, [Hkv, len, D] int8 (no copy); K at 8 bits."""
+        self._eight("k_i8", self.k_bits)
         return self._k_ro[:, :self._c.length]
 
     @property
     def v_i8(self):
         """The stored V codes, [Hkv, len, D] int8: a read-only copy (the cache keeps V in
         tiles of 4 positions, so that its integer dots sum 4 positions per lane; this gathers
-        them back into rows)."""
+        them back into rows); V at 8 bits."""
+        self._eight("v_i8", self.v_bits)
         self._enter()
         try:
             return _readonly(self._v_i8_held())
@@ -474,14 +572,38 @@ An int8 KV cache for single-token decode attention.
         """The V codes [Hkv, len, D] int8, a new array; the caller holds the busy flag."""
         return _untile(self._v, self._c.length)
 
+    def _sides(self):
+        """The codes and scales of both sides for state_dict (copies): int8 ``k_i8``,
+        ``k_scale`` / ``v_i8``, ``v_scale``; at 4 bits K's ``k_codes`` [Hkv, len, D] uint8 and
+        ``k_group_min``, ``k_group_step`` [Hkv, ceil(len / 32), D] float32, V's ``v_codes``,
+        ``v_min`` [Hkv, len] and ``v_scale`` (its steps). The caller holds the busy flag."""
+        n = self._c.length
+        out = {}
+        if self.k_bits == 8:
+            out["k_i8"], out["k_scale"] = self._k[:, :n].copy(), self._ks[:, :n].copy()
+        else:
+            g = i8a_k4_groups(n)
+            h = self._k4p[:, :, :g].view(np.float16).astype(np.float32)
+            vals = h * self._k4s[:, :, :g, None]
+            out["k_codes"] = _state.unpack_rows(self._k[:, :n])
+            out["k_group_min"], out["k_group_step"] = vals[0], vals[1]
+        if self.v_bits == 8:
+            out["v_i8"], out["v_scale"] = self._v_i8_held(), self._vs[:, :n].copy()
+        else:
+            out["v_codes"] = _state.unpack_tiles(self._v, n)
+            out["v_min"], out["v_scale"] = self._v4m[:, :n].copy(), self._vs[:, :n].copy()
+        return out
+
     @property
     def k_scale(self):
-        """Read-only view of the K scales, [Hkv, len] float32 (no copy)."""
+        """Read-only view of the K scales, [Hkv, len] float32 (no copy); K at 8 bits."""
+        self._eight("k_scale", self.k_bits)
         return self._ks_ro[:, :self._c.length]
 
     @property
     def v_scale(self):
-        """Read-only view of the V scales, [Hkv, len] float32 (no copy)."""
+        """Read-only view of the V scales, [Hkv, len] float32 (no copy); V at 8 bits."""
+        self._eight("v_scale", self.v_bits)
         return self._vs_ro[:, :self._c.length]
 
     @property
@@ -534,10 +656,10 @@ An int8 KV cache for single-token decode attention.
         """Take the busy flag, first thing in every call that reads or changes the cache: the
         arguments are converted and checked after it (converting can run Python code, which
         can let another thread in), so what they were checked against cannot change."""
-        if self._c.k_codes == NULL:
-            raise RuntimeError("this Int8KVCache was never initialized")
+        if self._c.v_scale == NULL:
+            raise RuntimeError(f"this {type(self).__name__} was never initialized")
         if not i8a_try_acquire(&self._busy):
-            raise RuntimeError("this Int8KVCache is in use by another thread")
+            raise RuntimeError(f"this {type(self).__name__} is in use by another thread")
 
     cdef _leave(self):
         i8a_release(&self._busy)
@@ -569,12 +691,15 @@ An int8 KV cache for single-token decode attention.
         sees). The tokens kept are read back exactly as before by a decode that sees them; with
         keep_first, the new first token's float row is what decode read for it (its floats in
         the recent window, else its dequantized codes), and centering keeps its offsets.
-        0 <= n <= len(cache)."""
+        0 <= n <= len(cache); with k_bits=4 a multiple of 32 (K's groups stay whole)."""
         self._enter()
         try:
             n = _args.as_int(n, "n")
             if not 0 <= n <= self._c.length:
                 raise ValueError(f"n must be from 0 to len(cache)={self._c.length}, got {n}")
+            if self.k_bits == 4 and n % F.K4_GROUP:
+                raise ValueError(f"n must be a multiple of {F.K4_GROUP} with k_bits=4 (K's "
+                                 f"groups of {F.K4_GROUP} positions stay whole), got {n}")
             i8a_evict(i8a_load_tier(&_kt), &self._c, n)
         finally:
             self._leave()
@@ -723,9 +848,24 @@ An int8 KV cache for single-token decode attention.
             if self.center:
                 self._ko[:], self._vo[:] = arrays["k_offset"], arrays["v_offset"]
                 self._c.offsets_set = 1 if offsets_set else 0
-            self._k[:, :n] = arrays["k_i8"]
-            _tile_into(self._v, arrays["v_i8"])
-            self._ks[:, :n], self._vs[:, :n] = arrays["k_scale"], arrays["v_scale"]
+            if self.k_bits == 8:
+                self._k[:, :n] = arrays["k_i8"]
+                self._ks[:, :n] = arrays["k_scale"]
+            else:
+                hkv, d, g = self._c.n_kv_heads, self._c.head_dim, i8a_k4_groups(n)
+                self._k[:, :n] = _state.pack_rows(arrays["k_codes"])
+                for side, key in enumerate(("k_group_min", "k_group_step")):
+                    halves = np.empty((hkv * g, d), np.uint16)
+                    scales = np.empty(hkv * g, np.float32)
+                    _halves_into(arrays[key].reshape(hkv * g, d), halves, scales, key)
+                    self._k4p[side, :, :g] = halves.reshape(hkv, g, d)
+                    self._k4s[side, :, :g] = scales.reshape(hkv, g)
+            if self.v_bits == 8:
+                _tile_into(self._v, arrays["v_i8"])
+            else:
+                _state.pack_tiles_into(self._v, arrays["v_codes"])
+                self._v4m[:, :n] = arrays["v_min"]
+            self._vs[:, :n] = arrays["v_scale"]
             held = arrays["k_recent"].shape[0]
             if self.recent and held:            # into slots 0 .. held-1, as halves
                 _hold(arrays["k_recent"], self._kr, self._krs, self._c.ring)
@@ -752,6 +892,21 @@ An int8 KV cache for single-token decode attention.
         return _state.load(cls, path, max_seq)
 
 
+cdef class Int8KVCache(KVCache):
+    """Int8KVCache(n_kv_heads, max_seq, head_dim, *, rotate=True, rotation_seed=0, keep_first=True, center=None, recent=64)
+--
+
+An int8 KV cache for decode attention: ``KVCache`` with K and V at 8 bits (its options but
+    ``k_bits`` and ``v_bits``, the same methods and attributes).
+
+    K and V are stored per token and kv head as int8 codes with one float32 absmax scale each
+    (``scale = max|x| / 127``, codes ``round(x / scale)`` in [-127, 127]): half the bytes of an
+    fp16 cache, a quarter of fp32. See ``KVCache`` for the parameters.
+    """
+
+    __signature__ = _args.SIGNATURE
+
+
 def decode_batch(caches, q, *, scale=None, q_bits=16, out=None, window=None, sinks=0,
                  softcap=None):
     """``caches[b].decode(q[b], ...)`` for every b, in one call: the (kv head, chunk) work items
@@ -759,8 +914,9 @@ def decode_batch(caches, q, *, scale=None, q_bits=16, out=None, window=None, sin
 
     Parameters
     ----------
-    caches : sequence of B distinct Int8KVCache
-        Equal ``n_kv_heads`` and ``head_dim``; lengths may differ, each at least T.
+    caches : sequence of B distinct KVCache (Int8KVCache included)
+        Equal ``n_kv_heads`` and ``head_dim``; lengths and formats may differ, each at least T
+        long.
     q : array-like or torch CPU tensor, [B, H, D] or [B, T, H, D]
         Cache b's queries are ``q[b]``, as in ``Int8KVCache.decode``.
     scale, q_bits, out, window, sinks, softcap
@@ -769,17 +925,18 @@ def decode_batch(caches, q, *, scale=None, q_bits=16, out=None, window=None, sin
     Returns float32 of q's shape, like ``decode``. Every cache is taken for the whole call (a
     cache in use by another thread raises RuntimeError); a call that raises writes no output.
     """
-    if isinstance(caches, Int8KVCache):
-        raise TypeError("caches must be a sequence of Int8KVCache, got one Int8KVCache")
+    if isinstance(caches, KVCache):
+        raise TypeError(f"caches must be a sequence of KVCache, got one {type(caches).__name__}")
     seq = list(caches)
     if not seq:
-        raise ValueError("caches must hold at least one Int8KVCache, got an empty sequence")
+        raise ValueError("caches must hold at least one KVCache, got an empty sequence")
     for i, c in enumerate(seq):
-        if not isinstance(c, Int8KVCache):
-            raise TypeError(f"caches[{i}] must be an Int8KVCache, got {type(c).__name__}")
+        if not isinstance(c, KVCache):
+            raise TypeError(f"caches[{i}] must be a KVCache or Int8KVCache, got "
+                            f"{type(c).__name__}")
     if len({id(c) for c in seq}) != len(seq):
-        raise ValueError("caches must be distinct: the same Int8KVCache appears more than once")
-    cdef Int8KVCache c0, ci
+        raise ValueError("caches must be distinct: the same cache appears more than once")
+    cdef KVCache c0, ci
     cdef list taken = []
     try:
         for ci in seq:
@@ -820,14 +977,14 @@ cdef _engine_decode(list seq, qa, out, float scale, int q_bits, size_t window, s
     cdef const i8a_kernels *kt = i8a_load_tier(&_kt)
     cdef size_t threads = i8a_load_size(&_threads)
     cdef int rc
-    cdef i8a_cache *single = &(<Int8KVCache>seq[0])._c
+    cdef i8a_cache *single = &(<KVCache>seq[0])._c
     cdef i8a_cache **cs = &single
     if nb > 1:
         cs = <i8a_cache **>malloc(nb * sizeof(i8a_cache *))
         if cs == NULL:
             raise MemoryError("decode_batch could not allocate its list of caches")
         for i in range(nb):
-            cs[i] = &(<Int8KVCache>seq[i])._c
+            cs[i] = &(<KVCache>seq[i])._c
     with nogil:
         rc = i8a_decode_batch(kt, cs, nb, &qmv[0], t, h, &opt, threads, &omv[0], &bad)
     if nb > 1:
@@ -852,7 +1009,7 @@ cdef i8a_options _no_options():
     return opt
 
 
-def _decode_threads(Int8KVCache cache, h, t=1):
+def _decode_threads(KVCache cache, h, t=1):
     """Threads a decode of t positions of h query heads (no window) would use now."""
     cdef i8a_options opt = _no_options()
     cache._enter()
@@ -862,7 +1019,7 @@ def _decode_threads(Int8KVCache cache, h, t=1):
         cache._leave()
 
 
-def _stream_read(Int8KVCache cache, threads=None):
+def _stream_read(KVCache cache, threads=None):
     """Read every byte a decode reads (codes and scales of all heads and tokens), split over
     threads like a decode, with the best supported tier's widest loads: the benchmarks'
     bandwidth probe. Returns a checksum. threads defaults to what a decode of H = Hkv would use."""
@@ -945,6 +1102,7 @@ def _attend(q_hi, q_lo, c_hi, c_lo, k, k_scale, v, v_scale, bias, softcap=0.0, t
     span.v_lead = lead
     span.next_k = span.next_v = NULL
     span.next_n = 0
+    span.k4 = span.v4 = NULL
     cdef i8a_state st
     st.m, st.l, st.o = &mm[0], &lm[0], &om[0, 0]
     i8a_load_tier(&_kt).attend(&q, &span, &sc[0], &st)

@@ -82,6 +82,84 @@ static void v_get(const i8a_cache *c, size_t g, size_t pos, int8_t *codes)
         codes[i] = t[i * I8A_V_TILE];
 }
 
+size_t i8a_k4_groups(size_t cap)
+{
+    return (cap + I8A_K4_GROUP - 1) / I8A_K4_GROUP;
+}
+
+/* Set the nibble of one element in its byte (dispatch.h's blocks): high for elements 16 .. 31
+ * of a block. */
+static void nib_set(uint8_t *byte, size_t i, unsigned code)
+{
+    *byte = i % I8A_NIB_BLOCK < 16 ? (uint8_t)((*byte & 0xf0u) | code)
+                                   : (uint8_t)((*byte & 0x0fu) | code << 4);
+}
+
+/* The V tile at 4 bits of kv head g holding position pos. */
+static uint8_t *v4_tile(const i8a_cache *c, size_t g, size_t pos)
+{
+    return c->v4 + (g * v_tiles_of(c) + pos / I8A_V_TILE) * 2 * c->head_dim;
+}
+
+/* The row at 4 bits of K of kv head g at position pos. */
+static uint8_t *k4_row_codes(const i8a_cache *c, size_t g, size_t pos)
+{
+    return c->k4 + (g * c->max_seq + pos) * (c->head_dim / 2);
+}
+
+/* The V codes at 4 bits [d] of kv head g at position pos, into its tile / out of it. */
+static void v4_put(const i8a_cache *c, size_t g, size_t pos, const uint8_t *codes)
+{
+    uint8_t *t = v4_tile(c, g, pos);
+    for (size_t i = 0; i < c->head_dim; i++)
+        nib_set(t + i / I8A_NIB_BLOCK * 64 + i % 16 * I8A_V_TILE + pos % I8A_V_TILE, i, codes[i]);
+}
+
+static void v4_get(const i8a_cache *c, size_t g, size_t pos, uint8_t *codes)
+{
+    const uint8_t *t = v4_tile(c, g, pos);
+    for (size_t i = 0; i < c->head_dim; i++)
+        codes[i] = (uint8_t)i8a_nib_tile(t, i, pos % I8A_V_TILE);
+}
+
+/* A row y [d] (finite, in the stored space) at 4 bits, position pos of kv head g: lo = min y,
+ * hi = max y; below I8A_ABSMAX_MIN apart, step 0 and codes 0; else step = (hi - lo) / 15, inv =
+ * 15 / (hi - lo), code_i = clamp(rint((y_i - lo) * inv), 0, 15). The row reads back as lo +
+ * step * code (multiply, then add). */
+static void v4_store(const i8a_cache *c, size_t g, size_t pos, const float *y)
+{
+    const size_t d = c->head_dim, row = g * c->max_seq + pos;
+    float lo = y[0], hi = y[0];
+    for (size_t i = 1; i < d; i++) {
+        lo = y[i] < lo ? y[i] : lo;
+        hi = y[i] > hi ? y[i] : hi;
+    }
+    const float range = hi - lo;
+    const int some = range >= I8A_ABSMAX_MIN;
+    const float inv = some ? 15.0f / range : 0.0f;
+    uint8_t codes[I8A_MAX_HEAD_DIM];
+    for (size_t i = 0; i < d; i++) {
+        float r = rintf((y[i] - lo) * inv);
+        r = r > 15.0f ? 15.0f : r;
+        codes[i] = (uint8_t)(r > 0.0f ? r : 0.0f);
+    }
+    c->v4_min[row] = lo;
+    c->v_scale[row] = some ? range / 15.0f : 0.0f;
+    v4_put(c, g, pos, codes);
+}
+
+/* K at 4 bits of kv head g at position pos as floats y [d]: min_i + step_i * code (its group's
+ * minima and steps, halves times their powers of two; multiply, then add). */
+static void k4_value(const i8a_cache *c, size_t g, size_t pos, float *y)
+{
+    const size_t d = c->head_dim, at = g * i8a_k4_groups(c->max_seq) + pos / I8A_K4_GROUP;
+    const uint16_t *hm = c->k4_min + at * d, *hs = c->k4_step + at * d;
+    const float sm = c->k4_min_scale[at], ss = c->k4_step_scale[at];
+    const uint8_t *row = k4_row_codes(c, g, pos);
+    for (size_t i = 0; i < d; i++)
+        y[i] = i8a_half_value(hm[i]) * sm + (i8a_half_value(hs[i]) * ss) * (float)i8a_nib_row(row, i);
+}
+
 /* Halves h [d] times their row's scale into y [d] (exact). */
 static void widen(const uint16_t *h, float scale, size_t d, float *y)
 {
@@ -127,6 +205,68 @@ static const float *row_at(const row_source *src, size_t pos, size_t g, float *t
     uint16_t h[I8A_MAX_HEAD_DIM];
     widen(h, src->kt->half_row(x, d, h), d, tmp);
     return tmp;
+}
+
+/* K at 4 bits: position pos of kv head g as its group is coded from it: the append's row
+ * rounded as the ring rounds it (so the codes do not depend on how appends were split), the
+ * ring's row, or (its floats gone after a truncate deeper than the ring) its codes' value. tmp
+ * [d] holds the row. */
+static const float *k4_row(const row_source *src, size_t pos, size_t g, float *tmp)
+{
+    const i8a_cache *c = src->c;
+    const size_t d = c->head_dim;
+    if (pos >= src->x_from) {
+        uint16_t h[I8A_MAX_HEAD_DIM];
+        const float *x = src->x + ((pos - src->x_from) * c->n_kv_heads + g) * d;
+        widen(h, src->kt->half_row(x, d, h), d, tmp);
+    } else if (pos >= c->held_from) {
+        widen_row(c, src->ring, src->ring_scale, g, slot_of(c, pos), tmp);
+    } else {
+        k4_value(c, g, pos, tmp);
+    }
+    return tmp;
+}
+
+/* Code group grp of kv head g at 4 bits, its positions all appended (rows by k4_row): per
+ * channel lo = min, hi = max over the group's positions (not position 0 when it is kept
+ * apart); the minima as halves times a power of two (the tier's half_row), min_i their value;
+ * the steps max((hi_i - min_i) / 15, 0) the same way, step_i their value; code = clamp(rint((x -
+ * min_i) * inv_i), 0, 15) with inv_i = 1 / step_i (0 when step_i is 0). */
+static void k4_code_group(const i8a_kernels *kt, i8a_cache *c, const row_source *src, size_t g,
+                          size_t grp)
+{
+    const size_t d = c->head_dim, first = grp * I8A_K4_GROUP, end = first + I8A_K4_GROUP;
+    const size_t from = c->k_first && first == 0 ? 1 : first;
+    const size_t at = g * i8a_k4_groups(c->max_seq) + grp;
+    uint16_t *hm = c->k4_min + at * d, *hs = c->k4_step + at * d;
+    float lo[I8A_MAX_HEAD_DIM], hi[I8A_MAX_HEAD_DIM], tmp[I8A_MAX_HEAD_DIM];
+    for (size_t pos = from; pos < end; pos++) {
+        const float *x = k4_row(src, pos, g, tmp);
+        for (size_t i = 0; i < d; i++) {
+            lo[i] = pos == from || x[i] < lo[i] ? x[i] : lo[i];
+            hi[i] = pos == from || x[i] > hi[i] ? x[i] : hi[i];
+        }
+    }
+    c->k4_min_scale[at] = kt->half_row(lo, d, hm);
+    for (size_t i = 0; i < d; i++) {
+        lo[i] = i8a_half_value(hm[i]) * c->k4_min_scale[at];
+        const float step = (hi[i] - lo[i]) / 15.0f;
+        hi[i] = step > 0.0f ? step : 0.0f;
+    }
+    c->k4_step_scale[at] = kt->half_row(hi, d, hs);
+    for (size_t i = 0; i < d; i++) {
+        const float step = i8a_half_value(hs[i]) * c->k4_step_scale[at];
+        hi[i] = step > 0.0f ? 1.0f / step : 0.0f;                  /* now the inverses */
+    }
+    for (size_t pos = first; pos < end; pos++) {
+        const float *x = k4_row(src, pos, g, tmp);
+        uint8_t *row = k4_row_codes(c, g, pos);
+        for (size_t i = 0; i < d; i++) {
+            float r = rintf((x[i] - lo[i]) * hi[i]);
+            r = r > 15.0f ? 15.0f : r;
+            nib_set(row + i / I8A_NIB_BLOCK * 16 + i % 16, i, (unsigned)(r > 0.0f ? r : 0.0f));
+        }
+    }
 }
 
 /* Doubles of set_offset's sums on the stack: the heads are summed this many elements at a time
@@ -241,12 +381,19 @@ static int code_rows(const i8a_kernels *kt, const i8a_cache *c, const row_source
                 }
             }
             float tk[I8A_MAX_HEAD_DIM], tv[I8A_MAX_HEAD_DIM];
-            int8_t vc[I8A_MAX_HEAD_DIM];
-            store_row(kt, c, c->k_sign, row_at(src_k, pos, g, tk), centered ? c->k_offset + g * d : NULL,
-                      c->k_codes + row * d, c->k_scale + row);
-            store_row(kt, c, c->v_sign, row_at(src_v, pos, g, tv), centered ? c->v_offset + g * d : NULL,
-                      vc, c->v_scale + row);
-            v_put(c, g, pos, vc);
+            if (c->k_bits == 8)             /* (at 4 bits K is coded by groups: k4_code_group) */
+                store_row(kt, c, c->k_sign, row_at(src_k, pos, g, tk),
+                          centered ? c->k_offset + g * d : NULL, c->k_codes + row * d,
+                          c->k_scale + row);
+            if (c->v_bits == 8) {
+                int8_t vc[I8A_MAX_HEAD_DIM];
+                store_row(kt, c, c->v_sign, row_at(src_v, pos, g, tv),
+                          centered ? c->v_offset + g * d : NULL, vc, c->v_scale + row);
+                v_put(c, g, pos, vc);
+            } else {
+                float rv[I8A_MAX_HEAD_DIM];
+                v4_store(c, g, pos, maybe_rotated(kt, c, c->v_sign, row_at(src_v, pos, g, tv), rv));
+            }
         }
     }
     return 0;
@@ -260,6 +407,9 @@ int i8a_append(const i8a_kernels *kt, i8a_cache *c, const float *k, const float 
     I8A_EXPECT(d % 16 == 0 && d >= 16 && d <= I8A_MAX_HEAD_DIM && hkv >= 1);
     I8A_EXPECT(!c->k_offset || c->k_first);
     I8A_EXPECT(c->recent ? c->ring >= 1 && c->k_recent && c->v_recent : c->ring == 0);
+    I8A_EXPECT(c->k_bits == 8 || (c->k4 && !c->k_sign && !c->k_offset && c->recent >= I8A_K4_GROUP));
+    I8A_EXPECT(c->v_bits == 8 || (c->v4 && c->v4_min && !c->v_offset));
+    I8A_EXPECT((c->k_bits == 8 && c->v_bits == 8) || d % I8A_NIB_BLOCK == 0);
     /* Nothing that outlives a failed append is written before every row is known to be in
      * range: the codes and scales of positions len .. are not the cache's until len grows,
      * and k_first counts only once it does; the offsets and the ring are written after. */
@@ -292,6 +442,10 @@ int i8a_append(const i8a_kernels *kt, i8a_cache *c, const float *k, const float 
         return rc;                      /* (never after the offsets were set: checked there) */
     if (to && len > 1)                  /* the rows coded uncentered so far, again */
         code_rows(kt, c, &src_k, &src_v, 1, len, bad);
+    if (c->k_bits == 4)                 /* the K groups this append fills, before the ring moves */
+        for (size_t grp = len / I8A_K4_GROUP; (grp + 1) * I8A_K4_GROUP <= end; grp++)
+            for (size_t g = 0; g < hkv; g++)
+                k4_code_group(kt, c, &src_k, g, grp);
     if (c->recent) {                    /* the latest `ring` rows into the ring */
         const size_t from = end > c->ring && end - c->ring > len ? end - c->ring : len;
         for (size_t pos = from; pos < end; pos++) {
@@ -310,11 +464,38 @@ int i8a_append(const i8a_kernels *kt, i8a_cache *c, const float *k, const float 
     return 0;
 }
 
+/* K at 4 bits after a truncate from len to n: the groups no longer complete hold what they
+ * held before they were first coded (zeros), so that the cache holds what it held after its
+ * n-th append; but the first of them keeps its codes when some of its positions have no
+ * floats left (a truncate deeper than the ring), which then serve those positions. */
+static void k4_forget_groups(i8a_cache *c, size_t len, size_t n)
+{
+    const size_t d = c->head_dim, groups = i8a_k4_groups(c->max_seq);
+    size_t first = n / I8A_K4_GROUP;
+    if (c->held_from > first * I8A_K4_GROUP)
+        first++;
+    const size_t end = i8a_k4_groups(len);
+    if (first >= end)
+        return;
+    const size_t rows = (len < end * I8A_K4_GROUP ? len : end * I8A_K4_GROUP) - first * I8A_K4_GROUP;
+    for (size_t g = 0; g < c->n_kv_heads; g++) {
+        const size_t at = g * groups + first;
+        memset(k4_row_codes(c, g, first * I8A_K4_GROUP), 0, rows * (d / 2));
+        memset(c->k4_min + at * d, 0, (end - first) * d * sizeof(uint16_t));
+        memset(c->k4_step + at * d, 0, (end - first) * d * sizeof(uint16_t));
+        memset(c->k4_min_scale + at, 0, (end - first) * sizeof(float));
+        memset(c->k4_step_scale + at, 0, (end - first) * sizeof(float));
+    }
+}
+
 void i8a_truncate(const i8a_kernels *kt, i8a_cache *c, size_t n)
 {
     I8A_EXPECT(n <= c->length);
+    const size_t len = c->length;
     c->length = n;
     c->held_from = c->held_from < n ? c->held_from : n;
+    if (c->k_bits == 4)
+        k4_forget_groups(c, len, n);
     if (!has_offsets(c))
         return;
     if (!c->recent && n <= 1) {
@@ -357,6 +538,12 @@ static size_t float_start(const i8a_cache *c, size_t end)
 size_t i8a_window_start(const i8a_cache *c)
 {
     return float_start(c, c->length);
+}
+
+/* Whether a side of the cache is at 4 bits (its chunks go to the tier's attend4). */
+static int has_four(const i8a_cache *c)
+{
+    return c->k_bits == 4 || c->v_bits == 4;
 }
 
 /* Chunks of every kv head's positions [0, len), in I8A_CHUNK steps. */
@@ -508,7 +695,8 @@ static layout plan(const i8a_cache *c, size_t t, size_t h, const i8a_options *op
     L.nvis = L.runs.count[0] + L.runs.count[1];
     L.per_head = L.nvis + (c->recent ? 1 : 0);
     L.state_bytes = align64(L.rows * (d + 2) * f);
-    L.worker_bytes = align64(2 * L.rows * I8A_CHUNK * f);
+    L.worker_bytes = align64(2 * L.rows * I8A_CHUNK * f)
+                     + (has_four(c) ? align64(I8A_ATTEND4_EXTRA) : 0);
     const size_t qrows = hkv * L.rows;
     L.q_lo = align64(qrows * d);
     L.c_hi = L.q_lo + align64(qrows * d);
@@ -516,7 +704,7 @@ static layout plan(const i8a_cache *c, size_t t, size_t h, const i8a_options *op
     L.bias = L.c_lo + align64(qrows * f);
     L.pos0_logit = L.bias + align64(qrows * f);
     L.q_float = L.pos0_logit + align64(qrows * f);
-    L.v_pos0 = L.q_float + (c->recent ? align64(qrows * d * f) : 0);
+    L.v_pos0 = L.q_float + (c->recent || c->k_bits == 4 ? align64(qrows * d * f) : 0);
     L.residual = L.v_pos0 + align64(hkv * d * f);
     L.left = L.residual + align64(d * f);
     L.run_m = L.left + align64(hkv * sizeof(atomic_size_t));
@@ -652,6 +840,7 @@ static i8a_query query_at(const decode_job *job, size_t g, size_t r, size_t coun
         job->opt->softcap,
         job->opt->softcap > 0.0f ? 1.0f / job->opt->softcap : 0.0f,
         (const float *)(job->base + job->L.bias) + row,
+        (const float *)(job->base + job->L.q_float) + row * d,
     };
     return q;
 }
@@ -660,8 +849,26 @@ static i8a_query query_at(const decode_job *job, size_t g, size_t r, size_t coun
 static i8a_span span_rows(const i8a_cache *c, size_t g, size_t a, size_t b)
 {
     const size_t row = g * c->max_seq + a, d = c->head_dim;
-    i8a_span span = {c->k_codes + row * d, v_tile(c, g, a), c->k_scale + row, c->v_scale + row,
-                     b - a, a % I8A_V_TILE, NULL, NULL, 0};
+    i8a_span span = {0};
+    span.ks = c->k_bits == 8 ? c->k_scale + row : NULL;
+    span.vs = c->v_scale + row;
+    span.n = b - a;
+    span.v_lead = a % I8A_V_TILE;
+    if (c->k_bits == 8) {
+        span.k = c->k_codes + row * d;
+    } else {
+        const size_t at = g * i8a_k4_groups(c->max_seq) + a / I8A_K4_GROUP;
+        span.k4 = k4_row_codes(c, g, a);
+        span.k4_min = c->k4_min + at * d, span.k4_step = c->k4_step + at * d;
+        span.k4_min_scale = c->k4_min_scale + at, span.k4_step_scale = c->k4_step_scale + at;
+        span.k4_lead = a % I8A_K4_GROUP;
+    }
+    if (c->v_bits == 8) {
+        span.v = v_tile(c, g, a);
+    } else {
+        span.v4 = v4_tile(c, g, a);
+        span.v4_min = c->v4_min + row;
+    }
     return span;
 }
 
@@ -878,7 +1085,7 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
             const i8a_query q = query_at(job, g, 0, rows);
             const i8a_state st = state_at(job, g, vi, job->L.parts - 1, 0);
             I8A_EXPECT(span.n >= 1 && span.n <= I8A_CHUNK && q.nq >= 1);
-            job->kt->attend(&q, &span, scratch, &st);
+            (has_four(c) ? job->kt->attend4 : job->kt->attend)(&q, &span, scratch, &st);
         } else {
             for (size_t tt = 0; tt < job->t; tt++) {
                 const visible_ranges v = visible(c, job->t, tt, job->opt);
@@ -893,7 +1100,7 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
                     const i8a_query q = query_at(job, g, tt * nq, nq);
                     const i8a_state st = state_at(job, g, vi, job->L.parts == 2 ? k : 0, tt * nq);
                     I8A_EXPECT(span.n >= 1 && span.n <= I8A_CHUNK);
-                    job->kt->attend(&q, &span, scratch, &st);
+                    (has_four(c) ? job->kt->attend4 : job->kt->attend)(&q, &span, scratch, &st);
                 }
             }
         }
@@ -938,8 +1145,10 @@ static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t
                 return in_range(q0, d) ? 2 : 1;
             }
             const float *qrow = maybe_rotated(kt, c, c->k_sign, q0, tmp);
-            if (prepare_q(kt, qrow, d, opt->q_bits == 16, opt->scale, q_hi + r * d, q_lo + r * d,
-                          c_hi + r, c_lo + r, residual) != 0) {
+            /* (K at 4 bits makes each group's planes from q_float in attend4) */
+            if (c->k_bits == 8 && prepare_q(kt, qrow, d, opt->q_bits == 16, opt->scale,
+                                            q_hi + r * d, q_lo + r * d, c_hi + r, c_lo + r,
+                                            residual) != 0) {
                 *bad = tt * h + head;
                 return 1;
             }
@@ -949,7 +1158,7 @@ static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t
                 ? dot_scaled(qrow, c->k_offset + g * d, d, opt->scale) : 0.0f;
             if (c->k_first)
                 pos0_logit[r] = dot_scaled(q0, c->k_first + g * d, d, opt->scale);
-            if (c->recent)
+            if (c->recent || c->k_bits == 4)
                 for (size_t i = 0; i < d; i++)
                     q_float[r * d + i] = q0[i] * opt->scale;
         }
@@ -1071,9 +1280,19 @@ static void stream_range(void *ctx, size_t begin, size_t end, size_t after, size
         i8a_span next = {0};                                /* no next: NULL, no prefetch */
         if (then < c->n_kv_heads * job->chunks)
             next = chunk_span_to(c, then / job->chunks, then % job->chunks, c->length);
-        x ^= stream(s.k, s.n * c->head_dim, next.k);
-        x ^= stream(s.v, i8a_v_tiles(s.v_lead, s.n) * I8A_V_TILE * c->head_dim, next.v);
-        x ^= stream(s.ks, s.n * sizeof(float), NULL);
+        const size_t d = c->head_dim, tiles = i8a_v_tiles(s.v_lead, s.n);
+        if (s.k)
+            x ^= stream(s.k, s.n * d, next.k);
+        else                        /* K at 4 bits: codes, and the groups' halves and scales */
+            x ^= stream(s.k4, s.n * d / 2, next.k4)
+                 ^ stream(s.k4_min, i8a_k4_groups(s.n) * d * 2, NULL)
+                 ^ stream(s.k4_step, i8a_k4_groups(s.n) * d * 2, NULL);
+        if (s.v)
+            x ^= stream(s.v, tiles * I8A_V_TILE * d, next.v);
+        else
+            x ^= stream(s.v4, tiles * 2 * d, next.v4) ^ stream(s.v4_min, s.n * sizeof(float), NULL);
+        if (s.ks)
+            x ^= stream(s.ks, s.n * sizeof(float), NULL);
         x ^= stream(s.vs, s.n * sizeof(float), NULL);
     }
     atomic_fetch_xor_explicit(&job->sum, x, memory_order_relaxed);
@@ -1105,11 +1324,21 @@ static void dequantize_row(const i8a_kernels *kt, const i8a_cache *c, size_t g, 
                            int off, float *yk, float *yv)
 {
     const size_t d = c->head_dim, row = g * c->max_seq + pos;
-    int8_t vc[I8A_MAX_HEAD_DIM];
-    v_get(c, g, pos, vc);
-    for (size_t i = 0; i < d; i++) {
-        yk[i] = (float)c->k_codes[row * d + i] * c->k_scale[row];
-        yv[i] = (float)vc[i] * c->v_scale[row];
+    if (c->k_bits == 8)
+        for (size_t i = 0; i < d; i++)
+            yk[i] = (float)c->k_codes[row * d + i] * c->k_scale[row];
+    else
+        k4_value(c, g, pos, yk);
+    if (c->v_bits == 8) {
+        int8_t vc[I8A_MAX_HEAD_DIM];
+        v_get(c, g, pos, vc);
+        for (size_t i = 0; i < d; i++)
+            yv[i] = (float)vc[i] * c->v_scale[row];
+    } else {
+        uint8_t vc[I8A_MAX_HEAD_DIM];
+        v4_get(c, g, pos, vc);
+        for (size_t i = 0; i < d; i++)
+            yv[i] = c->v4_min[row] + c->v_scale[row] * (float)vc[i];
     }
     if (off)
         for (size_t i = 0; i < d; i++) {
@@ -1164,20 +1393,45 @@ void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n)
                                c->v_first + g * d);
         }
     }
+    I8A_EXPECT(c->k_bits == 8 || n % I8A_K4_GROUP == 0);
+    const size_t groups = i8a_k4_groups(cap), gone = n / I8A_K4_GROUP;
+    const size_t kept_groups = i8a_k4_groups(keep);
     for (size_t g = 0; g < hkv; g++) {
-        memmove(c->k_codes + g * cap * d, c->k_codes + (g * cap + n) * d, keep * d);
-        if (n % I8A_V_TILE == 0) {
+        if (c->k_bits == 8) {
+            memmove(c->k_codes + g * cap * d, c->k_codes + (g * cap + n) * d, keep * d);
+            memmove(c->k_scale + g * cap, c->k_scale + g * cap + n, keep * sizeof(float));
+        } else {                    /* whole groups: their codes, halves and scales */
+            memmove(k4_row_codes(c, g, 0), k4_row_codes(c, g, n), keep * (d / 2));
+            memmove(c->k4_min + g * groups * d, c->k4_min + (g * groups + gone) * d,
+                    kept_groups * d * sizeof(uint16_t));
+            memmove(c->k4_step + g * groups * d, c->k4_step + (g * groups + gone) * d,
+                    kept_groups * d * sizeof(uint16_t));
+            memmove(c->k4_min_scale + g * groups, c->k4_min_scale + g * groups + gone,
+                    kept_groups * sizeof(float));
+            memmove(c->k4_step_scale + g * groups, c->k4_step_scale + g * groups + gone,
+                    kept_groups * sizeof(float));
+        }
+        if (c->v_bits == 8 && n % I8A_V_TILE == 0) {
             memmove(v_tile(c, g, 0), v_tile(c, g, n), i8a_v_tiles(0, keep) * I8A_V_TILE * d);
+        } else if (c->v_bits == 4 && n % I8A_V_TILE == 0) {
+            memmove(v4_tile(c, g, 0), v4_tile(c, g, n), i8a_v_tiles(0, keep) * 2 * d);
         } else {                    /* position by position, upwards: p + n is read before p + n
                                      * is written (every position's bytes are its own) */
             for (size_t p = 0; p < keep; p++) {
-                int8_t vc[I8A_MAX_HEAD_DIM];
-                v_get(c, g, p + n, vc);
-                v_put(c, g, p, vc);
+                if (c->v_bits == 8) {
+                    int8_t vc[I8A_MAX_HEAD_DIM];
+                    v_get(c, g, p + n, vc);
+                    v_put(c, g, p, vc);
+                } else {
+                    uint8_t vc[I8A_MAX_HEAD_DIM];
+                    v4_get(c, g, p + n, vc);
+                    v4_put(c, g, p, vc);
+                }
             }
         }
-        memmove(c->k_scale + g * cap, c->k_scale + g * cap + n, keep * sizeof(float));
         memmove(c->v_scale + g * cap, c->v_scale + g * cap + n, keep * sizeof(float));
+        if (c->v_bits == 4)
+            memmove(c->v4_min + g * cap, c->v4_min + g * cap + n, keep * sizeof(float));
     }
     if (c->ring)                    /* slot (p + n + shift) % ring now holds position p */
         c->ring_shift = (c->ring_shift + n) % c->ring;

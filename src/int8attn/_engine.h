@@ -77,7 +77,25 @@ typedef struct {
     size_t held_from;           /* floats are held for positions held_from .. length-1 */
     void *work;                 /* decode's workspace (64-byte aligned), grown by i8a_decode */
     size_t work_bytes;          /* its size; 0 with work == NULL before the first decode */
+    /* The sides at 4 bits (dispatch.h's formats; k_bits, v_bits 8 or 4). A side at 4 bits has
+     * no int8 codes (k_codes / v_codes and k_scale NULL; v_scale then holds V's steps). K at 4
+     * bits is never rotated (k_sign NULL) and neither side is centered. */
+    int k_bits, v_bits;
+    uint8_t *k4;                /* [n_kv_heads][max_seq][head_dim / 2] nibble blocks */
+    uint16_t *k4_min, *k4_step; /* [n_kv_heads][k4 groups][head_dim] halves per group */
+    float *k4_min_scale, *k4_step_scale;  /* [n_kv_heads][k4 groups] their powers of two */
+    uint8_t *v4;                /* [n_kv_heads][ceil(max_seq / 4)][2 head_dim] tiles of nibbles */
+    float *v4_min;              /* [n_kv_heads][max_seq] */
 } i8a_cache;
+
+/* K groups at 4 bits of a cache of cap positions: ceil(cap / I8A_K4_GROUP). A group is coded
+ * once all its positions are appended (from the rows as the recent window keeps them, so the
+ * codes do not depend on how appends were split); until then its positions are read from the
+ * window, which must cover a group (recent >= I8A_K4_GROUP). Position 0, when kept apart,
+ * takes no part in group 0's ranges. A truncate into a coded group leaves its codes, which
+ * serve positions whose floats the ring no longer holds, and the group is coded again when it
+ * fills up. */
+size_t i8a_k4_groups(size_t cap);
 
 /* Free the decode workspace (the cache's other buffers belong to its owner). */
 void i8a_cache_free_work(i8a_cache *c);
@@ -140,7 +158,8 @@ int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, cons
                      size_t t, size_t h, const i8a_options *opt, size_t max_threads, float *out,
                      size_t *bad);
 
-/* Forget the n oldest positions (n <= len): position n + i becomes position i, and len shrinks
+/* Forget the n oldest positions (n <= len; with K at 4 bits a multiple of I8A_K4_GROUP, so
+ * the groups stay whole): position n + i becomes position i, and len shrinks
  * by n (a sliding-window layer's history past its window). With a kept first position, the new
  * position 0's float row is what decode read for it before (its window floats, or its
  * dequantized codes). The offsets, when the cache has them, stay. */

@@ -22,15 +22,19 @@ DEFAULT = FORMATS["default"]
 MAX_HEAD_DIM = 1024                # head_dim: a multiple of 16, at most this
 CHUNK = 256                        # tokens per softmax chunk (the contract's order)
 V_TILE = 4                         # positions per tile of V's codes (the integer V dots)
+BITS = (8, 4)                      # k_bits, v_bits of a KVCache
+K4_GROUP = 32                      # positions per K group at 4 bits (per-channel ranges)
+NIB_BLOCK = 32                     # elements per block of 4-bit codes (16 bytes: i | i + 16)
 OFFSET_MIN_ROWS = 16               # rows past position 0 an append needs to set the offsets
 RECENT_MAX = 1024                  # the largest recent window
 VALUE_MAX = 2.0 ** 64              # |k|, |v|, |q| the format takes
 QSCALE_MAX = 2.0 ** 40             # scale * max|q| of a query row
 OFFSET_MAX = VALUE_MAX * 32        # an offset in the stored space (rotated): at most 2**69
 SCALE_MAX = VALUE_MAX * 64 / 127   # the largest stored scale: stored rows stay within 2**70
+STEP4_MAX = VALUE_MAX * 128 / 15   # the largest step at 4 bits (a range of rows within 2**70)
 SOFTCAP_RANGE = (2.0 ** -126, 2.0 ** 126)   # so that 1 / softcap is a normal float32
 MAX_THREADS = 256
 
 FILE_FORMAT = "int8attn.Int8KVCache"
-FILE_VERSION = 3                   # written; 1 (before keep_first and center) and 2 (before the
-                                   # recent window) are read too
+FILE_VERSION = 4                   # written; 1 (before keep_first and center), 2 (before the
+                                   # recent window) and 3 (before k_bits and v_bits) are read too

@@ -10,17 +10,21 @@ from . import _format as F
 from ._args import INT_MAX, int_from
 
 _INTS = ("n_kv_heads", "max_seq", "head_dim", "length")
-_ARRAYS = ("k_i8", "v_i8", "k_scale", "v_scale")
+# the codes and scales of a side, by its bits
+_SIDE = {("k", 8): ("k_i8", "k_scale"), ("k", 4): ("k_codes", "k_group_min", "k_group_step"),
+         ("v", 8): ("v_i8", "v_scale"), ("v", 4): ("v_codes", "v_min", "v_scale")}
 _FLOAT_ROWS = ("k_first", "v_first", "k_offset", "v_offset")
 
 
 class State(NamedTuple):
     """A checked state: the constructor's arguments, the length, and the arrays to copy in
-    (``k_i8``, ``v_i8``, ``k_scale``, ``v_scale``, and the float rows the options need)."""
+    (each side's codes and scales, _SIDE, and the float rows the options need)."""
     n_kv_heads: int
     max_seq: int
     head_dim: int
     length: int
+    k_bits: int
+    v_bits: int
     rotate: bool
     rotation_seed: int
     keep_first: bool
@@ -28,6 +32,42 @@ class State(NamedTuple):
     recent: int
     offsets_set: bool
     arrays: dict
+
+
+# -- the codes at 4 bits, packed as the engine keeps them (dispatch.h) and unpacked ---------
+
+def unpack_rows(packed):
+    """4-bit rows [..., D / 2] uint8 (blocks of 16 bytes: element i low, i + 16 high) as codes
+    [..., D] uint8."""
+    b = packed.reshape(*packed.shape[:-1], -1, 1, 16)
+    return np.concatenate([b & 15, b >> 4], axis=-2).reshape(*packed.shape[:-1], -1)
+
+
+def pack_rows(codes):
+    """unpack_rows' inverse: codes [..., D] (0 .. 15) as rows [..., D / 2] uint8."""
+    c = codes.astype(np.uint8).reshape(*codes.shape[:-1], -1, 2, 16)
+    return (c[..., 0, :] | (c[..., 1, :] << 4)).reshape(*codes.shape[:-1], -1)
+
+
+def unpack_tiles(tiles, n):
+    """Positions 0 .. n-1 of V tiles at 4 bits [Hkv, T, 2 D] (per block of 32 dimensions, byte
+    4 i + r: dimension i low, i + 16 high, of position r) as codes [Hkv, n, D] uint8."""
+    hkv, t, d = tiles.shape[0], tiles.shape[1], tiles.shape[2] // 2
+    b = tiles.reshape(hkv, t, d // 32, 1, 16, F.V_TILE)
+    c = np.concatenate([b & 15, b >> 4], axis=3).reshape(hkv, t, d, F.V_TILE)
+    return np.ascontiguousarray(c.transpose(0, 1, 3, 2).reshape(hkv, t * F.V_TILE, d)[:, :n])
+
+
+def pack_tiles_into(tiles, codes):
+    """Codes [Hkv, n, D] (0 .. 15) into positions 0 .. n-1 of V tiles at 4 bits [Hkv, T, 2 D]
+    (unpack_tiles' inverse; the bytes of tiles past n's are zeros)."""
+    hkv, n, d = codes.shape
+    t = -(-n // F.V_TILE)
+    full = np.zeros((hkv, t * F.V_TILE, d), np.uint8)
+    full[:, :n] = codes
+    c = full.reshape(hkv, t, F.V_TILE, d).transpose(0, 1, 3, 2).reshape(hkv, t, d // 32, 2, 16,
+                                                                         F.V_TILE)
+    tiles[:, :t] = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(hkv, t, 2 * d)
 
 
 def state_of(cache):
@@ -39,10 +79,10 @@ def state_of(cache):
     return {
         "format": F.FILE_FORMAT, "format_version": F.FILE_VERSION,
         "n_kv_heads": hkv, "max_seq": cache.max_seq, "head_dim": d, "length": len(cache),
+        "k_bits": cache.k_bits, "v_bits": cache.v_bits,
         "rotate": cache.rotate, "rotation_seed": cache.rotation_seed,
         "rotation_block": d & -d if cache.rotate else 0,
-        **{key: cache._v_i8_held() if key == "v_i8" else getattr(cache, key).copy()
-           for key in _ARRAYS},
+        **cache._sides(),
         "keep_first": cache.keep_first, "center": cache.center,
         **{key: zeros.copy() if row is None else row for key, row in rows.items()},
         "offsets_set": cache._offsets_set(), "recent": cache.recent,
@@ -71,7 +111,7 @@ def check(state, max_seq):
     (TypeError when state is not a mapping)."""
     if not hasattr(state, "keys"):
         raise TypeError(f"state must be a dict, got {type(state).__name__}")
-    missing = [k for k in ("format", "format_version", *_INTS, *_ARRAYS) if k not in state]
+    missing = [k for k in ("format", "format_version", *_INTS) if k not in state]
     if missing:
         raise ValueError(f"state lacks {', '.join(missing)}: not an int8attn cache")
     fmt = np.asarray(state["format"])
@@ -93,21 +133,49 @@ def check(state, max_seq):
     if not 0 <= n <= cap:
         what = "the state's max_seq" if max_seq is None else "max_seq"
         raise ValueError(f"state length {n} does not fit {what}={cap}")
+    bits = {side: (_scalar(state, f"{side}_bits", "int") if version >= 4 else 8)
+            for side in ("k", "v")}
+    for side, b in bits.items():
+        if b not in F.BITS:
+            raise ValueError(f"state {side}_bits must be one of {', '.join(map(str, F.BITS))}, "
+                             f"got {b}")
+    if 4 in bits.values() and d % F.NIB_BLOCK:
+        raise ValueError(f"state head_dim must be a multiple of {F.NIB_BLOCK} with a side at 4 "
+                         f"bits, got {d}")
+    lacking = [k for side in ("k", "v") for k in _SIDE[side, bits[side]] if k not in state]
+    if lacking:
+        raise ValueError(f"state lacks {', '.join(lacking)}: not an int8attn cache")
+    groups = -(-n // F.K4_GROUP)
+    shapes = {"k_i8": (np.int8, (hkv, n, d)), "v_i8": (np.int8, (hkv, n, d)),
+              "k_scale": (np.float32, (hkv, n)), "v_scale": (np.float32, (hkv, n)),
+              "k_codes": (np.uint8, (hkv, n, d)), "v_codes": (np.uint8, (hkv, n, d)),
+              "k_group_min": (np.float32, (hkv, groups, d)),
+              "k_group_step": (np.float32, (hkv, groups, d)), "v_min": (np.float32, (hkv, n))}
     arrays = {}
-    for key, dtype, shape in (("k_i8", np.int8, (hkv, n, d)), ("v_i8", np.int8, (hkv, n, d)),
-                              ("k_scale", np.float32, (hkv, n)), ("v_scale", np.float32, (hkv, n))):
+    for key in (*_SIDE["k", bits["k"]], *_SIDE["v", bits["v"]]):
+        dtype, shape = shapes[key]
         a = np.asarray(state[key])
         if a.dtype != dtype or a.shape != shape:
             raise ValueError(f"state {key} must be {np.dtype(dtype).name} {list(shape)}, "
                              f"got {a.dtype} {list(a.shape)}")
         arrays[key] = a
     for key in ("k_i8", "v_i8"):
-        if n and arrays[key].min() < -127:
+        if key in arrays and n and arrays[key].min() < -127:
             raise ValueError(f"state {key} holds -128, which the quantizer never stores")
-    for key in ("k_scale", "v_scale"):
-        if not np.all((arrays[key] >= 0) & (arrays[key] <= F.SCALE_MAX)):
-            raise ValueError(f"state {key} holds scales outside [0, {F.SCALE_MAX:.3g}] "
-                             f"(negative, NaN, or larger than any row the format stores)")
+    for key in ("k_codes", "v_codes"):
+        if key in arrays and n and arrays[key].max() > 15:
+            raise ValueError(f"state {key} holds codes above 15, which 4 bits cannot hold")
+    # the largest step or scale and minimum a side stores (rows within 2**70 in the stored
+    # space: VALUE_MAX, grown by the rotation and the offsets)
+    limits = {"k_scale": (0, F.SCALE_MAX),
+              "v_scale": (0, F.SCALE_MAX) if bits["v"] == 8 else (0, F.STEP4_MAX),
+              "k_group_step": (0, F.STEP4_MAX), "k_group_min": (-F.VALUE_MAX, F.VALUE_MAX),
+              "v_min": (-F.OFFSET_MAX * 2, F.OFFSET_MAX * 2)}
+    for key, (lo, hi) in limits.items():
+        if key in arrays and not np.all((arrays[key] >= lo) & (arrays[key] <= hi)):
+            what = "scales" if key.endswith("scale") else "values"
+            raise ValueError(f"state {key} holds {what} outside [{lo:.3g}, {hi:.3g}] (negative, "
+                             f"NaN, or beyond any row the format stores)")
     # the rotation (absent from files written before it existed: none)
     rotate = _scalar(state, "rotate", "bool", False)
     seed = _scalar(state, "rotation_seed", "int", 0)
@@ -120,6 +188,8 @@ def check(state, max_seq):
     center = version >= 2 and _scalar(state, "center", "bool", False)
     if center and not keep_first:
         raise ValueError("state has center without keep_first, which int8attn never writes")
+    if center and 4 in bits.values():
+        raise ValueError("state has center with a side at 4 bits, which int8attn never writes")
     need = (_FLOAT_ROWS[:2] if keep_first else ()) + (_FLOAT_ROWS[2:] if center else ())
     lacking = [k for k in need if k not in state]
     if lacking:
@@ -138,6 +208,9 @@ def check(state, max_seq):
     recent = _scalar(state, "recent", "int", 0) if version >= 3 else 0
     if not 0 <= recent <= F.RECENT_MAX:
         raise ValueError(f"state recent must be from 0 to {F.RECENT_MAX}, got {recent}")
+    if bits["k"] == 4 and recent < F.K4_GROUP:
+        raise ValueError(f"state recent must be at least {F.K4_GROUP} with k_bits=4, got "
+                         f"{recent}")
     offsets_set = _scalar(state, "offsets_set", "bool") if version >= 3 else center and n >= 2
     if offsets_set and not center:
         raise ValueError("state has offsets_set without center, which int8attn never writes")
@@ -166,16 +239,23 @@ def check(state, max_seq):
     if arrays["k_recent"].shape != arrays["v_recent"].shape:
         raise ValueError(f"state k_recent and v_recent must have one shape, got "
                          f"{list(arrays['k_recent'].shape)} and {list(arrays['v_recent'].shape)}")
-    return State(hkv, cap, d, n, rotate, seed, keep_first, center, recent, offsets_set, arrays)
+    return State(hkv, cap, d, n, bits["k"], bits["v"], rotate, seed, keep_first, center, recent,
+                 offsets_set, arrays)
 
 
 def restore(cls, state, max_seq):
-    """A new cls (Int8KVCache) holding exactly what `state` holds."""
+    """A new cls (KVCache or Int8KVCache) holding exactly what `state` holds."""
     s = check(state, max_seq)
+    bits = {"k_bits": s.k_bits, "v_bits": s.v_bits}
+    if (s.k_bits, s.v_bits) != (8, 8) and "k_bits" not in cls.__signature__.parameters:
+        raise ValueError(f"state holds a cache with k_bits={s.k_bits}, v_bits={s.v_bits}: load "
+                         f"it as a KVCache ({cls.__name__} is the 8-bit cache)")
+    if "k_bits" not in cls.__signature__.parameters:
+        bits = {}
     try:
         cache = cls(s.n_kv_heads, s.max_seq, s.head_dim, rotate=s.rotate,
                     rotation_seed=s.rotation_seed, keep_first=s.keep_first, center=s.center,
-                    recent=s.recent)
+                    recent=s.recent, **bits)
     except (MemoryError, ValueError) as e:
         what = "state max_seq" if max_seq is None else "max_seq"
         raise ValueError(f"{what} {s.max_seq} cannot be allocated for n_kv_heads={s.n_kv_heads}, "

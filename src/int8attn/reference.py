@@ -11,6 +11,8 @@
 - :func:`emulate`: the kernel's method, exactly where it rounds to integers (int8 q planes, exact
   integer dots, the softmax weights in integer planes against the V codes: :func:`weight_planes`)
   and in float64 everywhere else: what the kernel computes, minus its f32 rounding.
+- :func:`quantize_rows4`, :func:`quantize_k4_group`: the sides at 4 bits of ``KVCache`` (V per
+  row, K per channel over a group of positions), bit for bit.
 """
 
 import math
@@ -36,6 +38,40 @@ def quantize_rows(x):
     codes = np.clip(np.rint(x * inv[..., None]), -127, 127).astype(np.int8)
     codes[zero] = 0
     return codes, scale
+
+
+def quantize_rows4(x):
+    """Rows at 4 bits as ``KVCache`` stores V (after its rotation): ``(codes uint8 [..., D],
+    minimum float32 [...], step float32 [...])`` with ``lo = min``, ``hi = max`` of each row;
+    rows whose ``hi - lo`` is below ``ABSMAX_MIN`` get step 0 and codes 0; else ``step = (hi -
+    lo) / 15`` and ``codes = clip(rint((x - lo) * (15 / (hi - lo))), 0, 15)``, in float32. A row
+    reads back as ``lo + step * code``."""
+    x = np.asarray(x, dtype=np.float32)
+    lo, hi = x.min(axis=-1), x.max(axis=-1)
+    rng = (hi - lo).astype(np.float32)
+    some = rng >= ABSMAX_MIN
+    inv = np.where(some, np.float32(15) / np.where(some, rng, np.float32(1)), np.float32(0))
+    codes = np.clip(np.rint((x - lo[..., None]) * inv[..., None].astype(np.float32)), 0, 15)
+    step = np.where(some, rng / np.float32(15), np.float32(0)).astype(np.float32)
+    return codes.astype(np.uint8), lo.astype(np.float32), step
+
+
+def quantize_k4_group(rows, skip_first=False):
+    """A group of K rows [G, D] (as the recent window keeps them: ``half_rows``) at 4 bits per
+    channel, as ``KVCache`` stores K: ``(codes uint8 [G, D], minimum float32 [D], step float32
+    [D])``. Per channel ``lo``, ``hi`` over the rows (not row 0 when ``skip_first``: position 0
+    kept apart); the minima are ``half_rows(lo)`` (fp16 times a power of two), the steps
+    ``half_rows(max((hi - minimum) / 15, 0))``; ``codes = clip(rint((x - minimum) * (1 /
+    step)), 0, 15)`` (0 where the step is 0), in float32. A value reads back as ``minimum + step
+    * code``."""
+    x = np.asarray(rows, dtype=np.float32)
+    part = x[1:] if skip_first else x
+    minimum = half_rows(part.min(axis=0))
+    step = half_rows(np.maximum((part.max(axis=0) - minimum) / np.float32(15), np.float32(0)))
+    inv = np.where(step > 0, np.float32(1) / np.where(step > 0, step, np.float32(1)),
+                   np.float32(0)).astype(np.float32)
+    codes = np.clip(np.rint((x - minimum) * inv), 0, 15)
+    return codes.astype(np.uint8), minimum.astype(np.float32), step.astype(np.float32)
 
 
 _MASK64 = (1 << 64) - 1

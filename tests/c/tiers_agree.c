@@ -24,25 +24,29 @@ static float gauss(void)
     return s - 6.0f;
 }
 
+/* One decode of a cache of len tokens appended in two calls; k_bits, v_bits 8 or 4 (then d is
+ * a multiple of 32; K at 4 bits unrotated with a window of 64, no side at 4 bits centered). */
 static int run_case(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_t len, int q_bits,
-                    float *out)
+                    int k_bits, int v_bits, float *out)
 {
     static float sign[I8A_MAX_HEAD_DIM];
     for (size_t i = 0; i < d; i++)
         sign[i] = (i * 2654435761u) & 64 ? -1.0f : 1.0f;
     i8a_cache c = {0};
     c.n_kv_heads = hkv, c.max_seq = len, c.head_dim = d, c.length = 0;
+    c.k_bits = k_bits, c.v_bits = v_bits;
+    const int eight = k_bits == 8 && v_bits == 8;
     /* both sides rotated on a quarter of the cases, V alone on another quarter */
-    c.k_sign = len % 4 == 1 ? sign : NULL;
+    c.k_sign = len % 4 == 1 && k_bits == 8 ? sign : NULL;
     c.v_sign = len % 4 == 1 || len % 4 == 3 ? sign : NULL;
     /* position 0 kept as floats on two thirds of the cases, and the offsets on half of those */
     float *centering = len % 3 ? malloc(4 * hkv * d * sizeof(float)) : NULL;
     if (centering)
         c.k_first = centering, c.v_first = centering + hkv * d;
-    if (len % 3 == 2)
+    if (len % 3 == 2 && eight)
         c.k_offset = centering + 2 * hkv * d, c.v_offset = centering + 3 * hkv * d;
     /* the recent window on half of the cases: R = 64 or 16, the ring min(2R, len) long */
-    const size_t recent = len % 2 ? 0 : len % 4 ? 16 : 64;
+    const size_t recent = k_bits == 4 ? 64 : len % 2 ? 0 : len % 4 ? 16 : 64;
     uint16_t *ring = NULL;
     float *ring_scale = NULL;
     if (recent) {
@@ -52,9 +56,24 @@ static int run_case(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
         c.k_recent = ring, c.v_recent = ring + c.ring * hkv * d;
         c.k_rscale = ring_scale, c.v_rscale = ring_scale + c.ring * hkv;
     }
-    c.k_codes = malloc(hkv * len * d);
-    c.v_codes = malloc(hkv * ((len + I8A_V_TILE - 1) / I8A_V_TILE) * I8A_V_TILE * d);   /* tiles */
-    c.k_scale = malloc(hkv * len * sizeof(float)), c.v_scale = malloc(hkv * len * sizeof(float));
+    const size_t tiles = (len + I8A_V_TILE - 1) / I8A_V_TILE, groups = i8a_k4_groups(len);
+    if (k_bits == 8) {
+        c.k_codes = malloc(hkv * len * d);
+        c.k_scale = malloc(hkv * len * sizeof(float));
+    } else {
+        c.k4 = malloc(hkv * len * d / 2);
+        c.k4_min = malloc(hkv * groups * d * sizeof(uint16_t));
+        c.k4_step = malloc(hkv * groups * d * sizeof(uint16_t));
+        c.k4_min_scale = malloc(hkv * groups * sizeof(float));
+        c.k4_step_scale = malloc(hkv * groups * sizeof(float));
+    }
+    if (v_bits == 8) {
+        c.v_codes = malloc(hkv * tiles * I8A_V_TILE * d);       /* tiles */
+    } else {
+        c.v4 = malloc(hkv * tiles * 2 * d);
+        c.v4_min = malloc(hkv * len * sizeof(float));
+    }
+    c.v_scale = malloc(hkv * len * sizeof(float));
     float *k = malloc(len * hkv * d * sizeof(float)), *v = malloc(len * hkv * d * sizeof(float));
     float *q = malloc(h * d * sizeof(float));
     uint64_t seed = rng;
@@ -72,6 +91,8 @@ static int run_case(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
     rc |= i8a_decode(kt, &c, q, 1, h, &opt, threads, out, &bad);
     i8a_cache_free_work(&c);
     free(k), free(v), free(q), free(c.k_codes), free(c.v_codes), free(c.k_scale), free(c.v_scale);
+    free(c.k4), free(c.k4_min), free(c.k4_step), free(c.k4_min_scale), free(c.k4_step_scale);
+    free(c.v4), free(c.v4_min);
     free(centering), free(ring), free(ring_scale);
     return rc;
 }
@@ -158,18 +179,26 @@ int main(void)
             continue;
         }
         size_t cases = 0, diffs = 0;
+        /* the int8 cache, and K and V at 4 bits (both, or either) where d allows */
+        static const int widths[][2] = {{8, 8}, {4, 4}, {8, 4}, {4, 8}};
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-            for (int q_bits = 8; q_bits <= 16; q_bits += 8) {
-                size_t h = shapes[i][0], d = shapes[i][2];
-                float *a = malloc(h * d * sizeof(float)), *b = malloc(h * d * sizeof(float));
-                uint64_t seed = rng;
-                int rc = run_case(t, h, shapes[i][1], d, shapes[i][3], q_bits, a);
-                rng = seed;
-                rc |= run_case(scalar, h, shapes[i][1], d, shapes[i][3], q_bits, b);
-                cases++;
-                if (rc || memcmp(a, b, h * d * sizeof(float)) != 0)
-                    diffs++;
-                free(a), free(b);
+            for (size_t w = 0; w < 4; w++) {
+                if (w && shapes[i][2] % I8A_NIB_BLOCK)
+                    continue;
+                for (int q_bits = 8; q_bits <= 16; q_bits += 8) {
+                    size_t h = shapes[i][0], d = shapes[i][2];
+                    float *a = malloc(h * d * sizeof(float)), *b = malloc(h * d * sizeof(float));
+                    uint64_t seed = rng;
+                    int rc = run_case(t, h, shapes[i][1], d, shapes[i][3], q_bits, widths[w][0],
+                                      widths[w][1], a);
+                    rng = seed;
+                    rc |= run_case(scalar, h, shapes[i][1], d, shapes[i][3], q_bits,
+                                   widths[w][0], widths[w][1], b);
+                    cases++;
+                    if (rc || memcmp(a, b, h * d * sizeof(float)) != 0)
+                        diffs++;
+                    free(a), free(b);
+                }
             }
         }
         const int rot = rotation_differs(t, scalar);

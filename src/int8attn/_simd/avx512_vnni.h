@@ -372,6 +372,13 @@ static void i8a_attend_avx512_vnni(const i8a_query *q, const i8a_span *kv, float
     }
 }
 
+/* attend4: common.h's body with this tier's quantizer (the 4-bit passes in plain C for now). */
+static void i8a_attend4_avx512_vnni(const i8a_query *q, const i8a_span *kv, float *scratch,
+                                 const i8a_state *out)
+{
+    i8a_attend4_body(i8a_quantize_row_avx512_vnni, q, kv, scratch, out);
+}
+
 static void i8a_merge_avx512_vnni(const i8a_state *run, const i8a_state *chunk, size_t d)
 {
     float a, b;

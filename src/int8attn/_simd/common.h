@@ -192,8 +192,8 @@ static inline float i8a_logit(int32_t dh, int32_t dl, float c_hi, float c_lo, in
  * plane's byte v_lead + s is row s's weight (the slot of the row in the V tiles); the bytes
  * before v_lead and after the last row, up to a multiple of 16, are 0. */
 #define I8A_PLANE_BYTES 320
-_Static_assert(I8A_WPLANES * (I8A_PLANE_BYTES + sizeof(float)) <= 4 * I8A_CHUNK,
-               "a head's planes and scales fit the bytes of its K dots");
+_Static_assert(I8A_WPLANES * (I8A_PLANE_BYTES + sizeof(float)) + sizeof(float) <= 4 * I8A_CHUNK,
+               "a head's planes, their scales and attend4's vmin sum fit the bytes of its K dots");
 
 static inline uint8_t *i8a_planes_at(float *scratch, size_t nq, size_t j)
 {
@@ -407,16 +407,21 @@ typedef void (*i8a_vsum_fn)(const float *w, const uint16_t *const *v, size_t n, 
                             float *o);
 
 /* The scalar forms of the two (the scalar tier's, and the order the others vectorize). */
+/* q . h for one row of halves h [d] in the dot16 order (dots4's, one row). */
+static inline float i8a_dot16_halves(const float *q, const uint16_t *h, size_t d)
+{
+    float lane[I8A_SUM_LANES] = {0.0f};
+    for (size_t i = 0; i < d; i += I8A_SUM_LANES)
+        for (size_t t = 0; t < I8A_SUM_LANES; t++)
+            lane[t] = lane[t] + q[i + t] * i8a_half_value(h[i + t]);
+    return i8a_reduce_lanes(lane);
+}
+
 static inline void i8a_dots4_scalar(const float *q, const uint16_t *const *k, size_t d,
                                     float *dot)
 {
-    for (size_t b = 0; b < 4; b++) {
-        float lane[I8A_SUM_LANES] = {0.0f};
-        for (size_t i = 0; i < d; i += I8A_SUM_LANES)
-            for (size_t t = 0; t < I8A_SUM_LANES; t++)
-                lane[t] = lane[t] + q[i + t] * i8a_half_value(k[b][i + t]);
-        dot[b] = i8a_reduce_lanes(lane);
-    }
+    for (size_t b = 0; b < 4; b++)
+        dot[b] = i8a_dot16_halves(q, k[b], d);
 }
 
 static inline void i8a_exps_scalar(float *x, size_t n, float m)
@@ -524,6 +529,212 @@ I8A_INLINE void i8a_attend_float_body(const float *q, const i8a_float_rows *w, s
     vsum(logit, w->v, n, d, o);
     *m_out = m;
     *l_out = l;
+}
+
+/* -- The 4-bit sides (dispatch.h): the scalar forms, and attend4's body ----------------- */
+
+/* Element i of a row of nibble blocks (a K row at 4 bits). */
+static inline int32_t i8a_nib_row(const uint8_t *row, size_t i)
+{
+    const uint8_t b = row[i / I8A_NIB_BLOCK * 16 + i % 16];
+    return i % I8A_NIB_BLOCK < 16 ? b & 15 : b >> 4;
+}
+
+/* Dimension i of slot r of a V tile at 4 bits. */
+static inline int32_t i8a_nib_tile(const uint8_t *tile, size_t i, size_t r)
+{
+    const uint8_t b = tile[i / I8A_NIB_BLOCK * 64 + i % 16 * I8A_V_TILE + r];
+    return i % I8A_NIB_BLOCK < 16 ? b & 15 : b >> 4;
+}
+
+/* The q planes of one query row against one K group at 4 bits, qs [d] the row times the
+ * softmax scale:
+ *   step_i = half(h_step[i]) * step_scale;  q'_i = qs_i * step_i;
+ *   plane 0: q0, c0 = quantize(q');  with q_bits=16 two more, each quantizing what the planes
+ *   before leave: r_i = r_i - float(q_k,i) * c_k (multiply, then subtract; r = q' first);
+ *   bias = dot16(qs, h_min) * min_scale;
+ * so that qs . k = bias + sum_i q'_i code_i. Three planes, not two as for K at 8 bits: q'
+ * carries each channel's step, and K's outlier channels (steps 20x the others') would leave the
+ * other channels a few steps of two planes (1.05e-3 against the contract's 1e-3 on such K).
+ * Planes past the last are zeros with c 0. tmp: 2 d floats. */
+#define I8A_K4_QPLANES 3
+
+static inline void i8a_k4_query(i8a_quantize_row_fn quantize, const float *qs,
+                                const uint16_t *h_min, float min_scale, const uint16_t *h_step,
+                                float step_scale, size_t d, int planes, int8_t *q, float *c,
+                                float *bias, float *tmp)
+{
+    float *r = tmp;
+    for (size_t i = 0; i < d; i++)
+        r[i] = qs[i] * (i8a_half_value(h_step[i]) * step_scale);
+    for (int k = 0; k < I8A_K4_QPLANES; k++) {
+        int8_t *qk = q + (size_t)k * I8A_MAX_HEAD_DIM;
+        if (k >= planes) {
+            memset(qk, 0, d);
+            c[k] = 0.0f;
+            continue;
+        }
+        if (k > 0)
+            for (size_t i = 0; i < d; i++)
+                r[i] = r[i] - (float)q[(size_t)(k - 1) * I8A_MAX_HEAD_DIM + i] * c[k - 1];
+        quantize(r, d, qk, &c[k]);
+    }
+    *bias = i8a_dot16_halves(qs, h_min, d) * min_scale;
+}
+
+/* A logit of K at 4 bits from its plane dots: fma(float(dot2), c2, fma(float(dot1), c1,
+ * float(dot0) * c0)) + bias, then the soft cap when on (the dots are exact: |dot| <= 127 * 15 *
+ * 1024 < 2^21). */
+static inline float i8a_logit4(const int32_t dot[I8A_K4_QPLANES], const float c[I8A_K4_QPLANES],
+                               float bias, float cap, float inv_cap)
+{
+    float lg = (float)dot[0] * c[0];
+    for (int k = 1; k < I8A_K4_QPLANES; k++)
+        lg = fmaf((float)dot[k], c[k], lg);
+    lg = lg + bias;
+    return cap > 0.0f ? i8a_softcap(lg, cap, inv_cap) : lg;
+}
+
+/* The integer V pass (common.h) of heads [0, nq) at 8 bits: the planes' sums over the span's
+ * tiles, then o. The scalar tier's (and the order the others vectorize). */
+static inline void i8a_vpass8_scalar(float *scratch, size_t nq, const i8a_span *kv, size_t d,
+                                     float *o)
+{
+    const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n);
+    for (size_t j = 0; j < nq; j++) {
+        const uint8_t *slot = i8a_planes_at(scratch, nq, j);
+        float sc[I8A_WPLANES];
+        i8a_planes_scales(slot, sc);
+        for (size_t i = 0; i < d; i++) {
+            int32_t S[I8A_WPLANES] = {0};
+            for (size_t t = 0; t < tiles; t++) {
+                const int8_t *x = kv->v + (t * d + i) * I8A_V_TILE;
+                for (size_t r = 0; r < I8A_V_TILE; r++)
+                    for (int k = 0; k < I8A_WPLANES; k++)
+                        S[k] += (int32_t)slot[k * I8A_PLANE_BYTES + t * I8A_V_TILE + r] * x[r];
+            }
+            o[j * d + i] = i8a_v_out(S, sc);
+        }
+    }
+}
+
+/* The logits of query head j against the span's K rows at 8 bits (i8a_attend_scalar's): p [n];
+ * returns their max. */
+static inline float i8a_logits8_scalar(const i8a_query *q, const i8a_span *kv, size_t j, float *p)
+{
+    const size_t d = q->d;
+    const int8_t *qh = q->q_hi + j * d, *ql = q->q_lo + j * d;
+    float m = 0.0f;
+    for (size_t s = 0; s < kv->n; s++) {
+        const int8_t *kr = kv->k + s * d;
+        int32_t dh = 0, dl = 0;
+        for (size_t i = 0; i < d; i++) {
+            dh += (int32_t)qh[i] * kr[i];
+            dl += q->two_planes ? (int32_t)ql[i] * kr[i] : 0;
+        }
+        p[s] = i8a_logit_capped(dh, dl, q->c_hi[j], q->c_lo[j], q->two_planes, kv->ks[s],
+                                q->bias[j], q->softcap, q->inv_softcap);
+        m = (s == 0 || p[s] > m) ? p[s] : m;
+    }
+    return m;
+}
+
+/* The logits of query head j against the span's K rows at 4 bits: each group's planes
+ * (i8a_k4_query; three with q_bits=16, one with 8) against its rows' codes, exact int32 dots;
+ * p [n]; returns their max. extra: I8A_ATTEND4_EXTRA bytes. */
+static inline float i8a_logits4_scalar(i8a_quantize_row_fn quantize, const i8a_query *q,
+                                       const i8a_span *kv, size_t j, float *p, uint8_t *extra)
+{
+    const size_t d = q->d, n = kv->n;
+    int8_t *planes = (int8_t *)extra;
+    float *tmp = (float *)(extra + I8A_K4_QPLANES * I8A_MAX_HEAD_DIM);
+    float m = 0.0f;
+    size_t s = 0;
+    for (size_t grp = 0; s < n; grp++) {
+        const size_t end = (grp + 1) * I8A_K4_GROUP - kv->k4_lead;
+        float c[I8A_K4_QPLANES], bias;
+        i8a_k4_query(quantize, q->q_float + j * d, kv->k4_min + grp * d, kv->k4_min_scale[grp],
+                     kv->k4_step + grp * d, kv->k4_step_scale[grp], d,
+                     q->two_planes ? I8A_K4_QPLANES : 1, planes, c, &bias, tmp);
+        for (; s < n && s < end; s++) {
+            const uint8_t *row = kv->k4 + s * (d / 2);
+            int32_t dot[I8A_K4_QPLANES] = {0};
+            for (size_t i = 0; i < d; i++) {
+                const int32_t code = i8a_nib_row(row, i);
+                for (int k = 0; k < I8A_K4_QPLANES; k++)
+                    dot[k] += planes[(size_t)k * I8A_MAX_HEAD_DIM + i] * code;
+            }
+            p[s] = i8a_logit4(dot, c, bias, q->softcap, q->inv_softcap);
+            m = (s == 0 || p[s] > m) ? p[s] : m;
+        }
+    }
+    return m;
+}
+
+/* Where attend4 keeps head j's sum of p * vmin (V at 4 bits): after its planes' scales. */
+static inline float *i8a_vmin_sum_at(float *scratch, size_t nq, size_t j)
+{
+    return (float *)(i8a_planes_at(scratch, nq, j) + I8A_WPLANES * (I8A_PLANE_BYTES + 4));
+}
+
+/* The integer V pass at 4 bits of heads [0, nq): the planes' sums over the span's tiles of
+ * codes, then o = i8a_v_out(S) + sum_s p_s vmin_s (the head's vmin sum, in the 16-lane order of
+ * the softmax sum). */
+static inline void i8a_vpass4_scalar(float *scratch, size_t nq, const i8a_span *kv, size_t d,
+                                     float *o)
+{
+    const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n);
+    for (size_t j = 0; j < nq; j++) {
+        const uint8_t *slot = i8a_planes_at(scratch, nq, j);
+        const float vmin = *i8a_vmin_sum_at(scratch, nq, j);
+        float sc[I8A_WPLANES];
+        i8a_planes_scales(slot, sc);
+        for (size_t i = 0; i < d; i++) {
+            int32_t S[I8A_WPLANES] = {0};
+            for (size_t t = 0; t < tiles; t++) {
+                const uint8_t *tile = kv->v4 + t * 2 * d;
+                for (size_t r = 0; r < I8A_V_TILE; r++)
+                    for (int k = 0; k < I8A_WPLANES; k++)
+                        S[k] += (int32_t)slot[k * I8A_PLANE_BYTES + t * I8A_V_TILE + r]
+                                * i8a_nib_tile(tile, i, r);
+            }
+            o[j * d + i] = i8a_v_out(S, sc) + vmin;
+        }
+    }
+}
+
+/* attend4 (dispatch.h) in the order of i8a_attend_scalar: per query head, the logits (K at 8
+ * or 4 bits), m, p = exp(logit - m), l = the 16-lane sum of p; with V at 4 bits also sum_s p_s
+ * vmin_s in the same lane order (multiply, then add); the weights p * vs (V's scales or steps)
+ * in three integer planes; then the V pass of the side's width. The tiers compile this with
+ * their own quantize_row. */
+I8A_INLINE void i8a_attend4_body(i8a_quantize_row_fn quantize, const i8a_query *q,
+                                 const i8a_span *kv, float *scratch, const i8a_state *out)
+{
+    const size_t d = q->d, n = kv->n, nq = q->nq;
+    uint8_t *extra = (uint8_t *)(scratch + 2 * nq * I8A_CHUNK);
+    for (size_t j = 0; j < nq; j++) {
+        float *p = scratch + j * I8A_CHUNK;
+        const float m = kv->k4 ? i8a_logits4_scalar(quantize, q, kv, j, p, extra)
+                               : i8a_logits8_scalar(q, kv, j, p);
+        float lane[I8A_SUM_LANES] = {0.0f}, mlane[I8A_SUM_LANES] = {0.0f};
+        for (size_t s = 0; s < n; s++) {
+            p[s] = i8a_exp_scalar(p[s] - m);
+            lane[s % I8A_SUM_LANES] += p[s];
+            if (kv->v4)
+                mlane[s % I8A_SUM_LANES] += p[s] * kv->v4_min[s];
+        }
+        for (size_t s = 0; s < n; s++)
+            p[s] = p[s] * kv->vs[s];
+        i8a_planes_scalar(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j));
+        *i8a_vmin_sum_at(scratch, nq, j) = i8a_reduce_lanes(mlane);
+        out->m[j] = m;
+        out->l[j] = i8a_reduce_lanes(lane);
+    }
+    if (kv->v4)
+        i8a_vpass4_scalar(scratch, nq, kv, d, out->o);
+    else
+        i8a_vpass8_scalar(scratch, nq, kv, d, out->o);
 }
 
 /* The tail of a stream fold: the bytes past the last whole 8-byte word. */

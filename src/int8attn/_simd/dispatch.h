@@ -43,7 +43,21 @@ typedef struct {
     float inv_softcap;   /* 1 / softcap */
     const float *bias;   /* [nq] added to every logit of the row before the soft cap: the
                             cache's K offset seen by the row (0 without one) */
+    const float *q_float;  /* [nq][d] q times the softmax scale, as given (attend4 with K at 4
+                              bits makes each K group's planes from it) */
 } i8a_query;
+
+/* The 4-bit sides (attend4). K at 4 bits is stored per channel: positions [32 j, 32 j + 32)
+ * of a kv head form group j, whose channel i has a minimum and a step (IEEE halves times a
+ * power-of-two scale per group and kind: min_i = h_min[i] * min_scale, step_i = h_step[i] *
+ * step_scale), and a position's value is min_i + step_i * code (0 .. 15). V at 4 bits is stored
+ * per position: v_i = vmin + vstep * code (0 .. 15), in the stored (rotated) space. Codes are
+ * nibbles in blocks of 32 elements, 16 bytes a block: byte i holds element i in its low nibble
+ * and element i + 16 in its high one. A K row of d channels is d / 32 such blocks; a V tile
+ * (I8A_V_TILE positions) is d / 32 blocks of 64 bytes, byte 4 i + r holding dimensions i and
+ * i + 16 of the block for the tile's position r. d is a multiple of 32 with a 4-bit side. */
+#define I8A_K4_GROUP 32
+#define I8A_NIB_BLOCK 32
 
 /* V is stored in tiles of I8A_V_TILE consecutive positions, so that one integer dot lane
  * (SDOT, VPDPBUSD) sums the products of the tile's positions for one dimension: byte 4 i + r
@@ -64,6 +78,14 @@ typedef struct {
     const int8_t *next_k;     /* [next_n][d] */
     const int8_t *next_v;     /* the tile holding the next span's first row */
     size_t next_n;
+    /* K at 4 bits (else NULL; k and ks are then unused): */
+    const uint8_t *k4;        /* [n][d / 2] rows from row s0 */
+    const uint16_t *k4_min, *k4_step;     /* [groups][d] from row s0's group on */
+    const float *k4_min_scale, *k4_step_scale;   /* [groups] */
+    size_t k4_lead;           /* s0 % I8A_K4_GROUP: row s0's place in its group */
+    /* V at 4 bits (else NULL; vs then holds the steps): */
+    const uint8_t *v4;        /* tiles [ceil((v_lead + n) / 4)][2 d] from row s0's */
+    const float *v4_min;      /* [n] */
 } i8a_span;
 
 /* Softmax state of nq query heads over some tokens: max logit, sum of exp(logit - m), and
@@ -80,9 +102,11 @@ typedef struct {
 typedef int (*i8a_quantize_row_fn)(const float *x, size_t d, int8_t *codes, float *scale);
 
 /* Attend a query group to one chunk: writes out->m, out->l, out->o for the chunk alone.
- * scratch: at least 2 * nq * I8A_CHUNK floats, 64-byte aligned. */
+ * scratch: at least 2 * nq * I8A_CHUNK floats, 64-byte aligned; attend4 (a span with a side at
+ * 4 bits: k4 or v4 set) I8A_ATTEND4_EXTRA bytes more. */
 typedef void (*i8a_attend_fn)(const i8a_query *q, const i8a_span *kv, float *scratch,
                               const i8a_state *out);
+#define I8A_ATTEND4_EXTRA (11 * I8A_MAX_HEAD_DIM + 64)
 
 /* Fold a chunk's state into a running state, one query row (the running one covers the
  * earlier tokens): m = max(m, cm); l = l*a + cl*b; o = o*a + co*b, a = exp(m_old - m),
@@ -122,6 +146,7 @@ typedef struct {
     unsigned requires;               /* I8A_CPU_* bits the tier needs */
     i8a_quantize_row_fn quantize_row;
     i8a_attend_fn attend;
+    i8a_attend_fn attend4;           /* a chunk with a side at 4 bits */
     i8a_merge_fn merge;
     i8a_rotate_fn rotate;
     i8a_attend_float_fn attend_float;

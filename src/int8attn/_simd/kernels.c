@@ -24,23 +24,23 @@
 const i8a_kernels i8a_tiers[] = {
 #ifdef I8A_HAVE_AVX2
     {"avx512_vnni", I8A_CPU_AVX2 | I8A_CPU_AVX512_VNNI, i8a_quantize_row_avx512_vnni,
-     i8a_attend_avx512_vnni, i8a_merge_avx512_vnni, i8a_rotate_avx512_vnni,
+     i8a_attend_avx512_vnni, i8a_attend4_avx512_vnni, i8a_merge_avx512_vnni, i8a_rotate_avx512_vnni,
      i8a_attend_float_avx512_vnni, i8a_half_row_avx512_vnni},
-    {"avx2", I8A_CPU_AVX2, i8a_quantize_row_avx2, i8a_attend_avx2, i8a_merge_avx2,
+    {"avx2", I8A_CPU_AVX2, i8a_quantize_row_avx2, i8a_attend_avx2, i8a_attend4_avx2, i8a_merge_avx2,
      i8a_rotate_avx2, i8a_attend_float_avx2, i8a_half_row_avx2},
 #endif
 #ifdef I8A_HAVE_NEON_DOTPROD
     {"neon_dotprod", I8A_CPU_NEON | I8A_CPU_DOTPROD, i8a_quantize_row_neon,
-     i8a_attend_neon_dotprod, i8a_merge_neon, i8a_rotate_neon, i8a_attend_float_neon,
+     i8a_attend_neon_dotprod, i8a_attend4_neon, i8a_merge_neon, i8a_rotate_neon, i8a_attend_float_neon,
      i8a_half_row_neon},
 #endif
 #ifdef I8A_HAVE_NEON
-    {"neon", I8A_CPU_NEON, i8a_quantize_row_neon, i8a_attend_neon, i8a_merge_neon,
+    {"neon", I8A_CPU_NEON, i8a_quantize_row_neon, i8a_attend_neon, i8a_attend4_neon, i8a_merge_neon,
      i8a_rotate_neon, i8a_attend_float_neon, i8a_half_row_neon},
 #endif
-    {"scalar", 0, i8a_quantize_row_scalar, i8a_attend_scalar, i8a_merge_scalar,
+    {"scalar", 0, i8a_quantize_row_scalar, i8a_attend_scalar, i8a_attend4_scalar, i8a_merge_scalar,
      i8a_rotate_scalar, i8a_attend_float_scalar, i8a_half_row_scalar},
-    {NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL},
+    {NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL},
 };
 
 const i8a_probe i8a_probes[] = {
