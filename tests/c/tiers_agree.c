@@ -195,8 +195,12 @@ int main(void)
                     rc |= run_case(scalar, h, shapes[i][1], d, shapes[i][3], q_bits,
                                    widths[w][0], widths[w][1], b);
                     cases++;
-                    if (rc || memcmp(a, b, h * d * sizeof(float)) != 0)
-                        diffs++;
+                    if (rc || memcmp(a, b, h * d * sizeof(float)) != 0) {
+                        if (diffs++ < 3)
+                            printf("  %s differs: H %zu, Hkv %zu, D %zu, %zu tokens, K%d/V%d, "
+                                   "q_bits %d\n", t->name, h, shapes[i][1], d, shapes[i][3],
+                                   widths[w][0], widths[w][1], q_bits);
+                    }
                     free(a), free(b);
                 }
             }

@@ -210,6 +210,12 @@ static inline float i8a_logits_avx512_vnni(const int32_t *dh, const int32_t *dl,
     return _mm512_reduce_max_ps(vmax);
 }
 
+/* Sixteen halves widened by vcvtph2ps (exact). */
+static inline __m512 i8a_halves16_avx512_vnni(const uint16_t *h)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+}
+
 /* The 16 lane sums of v folded into one: lanes i + 8, then i + 4, i + 2, i + 1 (the halving
  * order of i8a_reduce_lanes). */
 static inline float i8a_fold16_avx512_vnni(__m512 v)
@@ -372,11 +378,287 @@ static void i8a_attend_avx512_vnni(const i8a_query *q, const i8a_span *kv, float
     }
 }
 
-/* attend4: common.h's body with this tier's quantizer (the 4-bit passes in plain C for now). */
-static void i8a_attend4_avx512_vnni(const i8a_query *q, const i8a_span *kv, float *scratch,
-                                 const i8a_state *out)
+/* -- attend4: the sides at 4 bits (dispatch.h) ------------------------------------------- */
+
+/* A K group's planes in the order of this tier's code vectors: 32 bytes of a row (two blocks)
+ * unpack to the low nibbles, channels 32 b + i, and the high ones, 32 b + 16 + i (b = 0, 1, i
+ * < 16). lo / hi [d / 2] take plane q's bytes in those orders. */
+static inline void i8a_k4_order_avx512_vnni(const int8_t *q, size_t d, int8_t *lo, int8_t *hi)
 {
-    i8a_attend4_body(i8a_quantize_row_avx512_vnni, q, kv, scratch, out);
+    for (size_t b = 0; b < d / I8A_NIB_BLOCK; b++) {
+        memcpy(lo + 16 * b, q + I8A_NIB_BLOCK * b, 16);
+        memcpy(hi + 16 * b, q + I8A_NIB_BLOCK * b + 16, 16);
+    }
+}
+
+/* Exact dots of NP ordered q planes (lo, hi: [NP][I8A_MAX_HEAD_DIM / 2]) with rows [0, n) of
+ * K at 4 bits, four rows at a time (codes unsigned, planes signed: vpdpbusd as it is; a row's
+ * last 16 bytes when d / 2 is an odd number of them load with zeros past the row):
+ * dot[k * I8A_K4_GROUP + s]. n <= I8A_K4_GROUP. NP is a constant at every call. */
+I8A_INLINE void i8a_k4dots_avx512_vnni(const uint8_t *k4, size_t n, size_t d, const int8_t *lo,
+                                       const int8_t *hi, int np, int32_t *dot)
+{
+    const __m256i nib = _mm256_set1_epi8(0x0f);
+    const __m128i none = _mm_setzero_si128();
+    for (size_t s = 0; s < n; s += 4) {
+        const uint8_t *r[4];
+        for (int u = 0; u < 4; u++)
+            r[u] = k4 + (s + (size_t)u < n ? s + (size_t)u : n - 1) * (d / 2);
+        __m256i acc[4][I8A_K4_QPLANES];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++)
+#pragma GCC unroll 3
+            for (int k = 0; k < np; k++)
+                acc[u][k] = _mm256_setzero_si256();
+        for (size_t j = 0; j < d / 2; j += 32) {
+            __m256i cl[4], ch[4];
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) {
+                const __m256i x = i8a_load32_avx512_vnni((const int8_t *)r[u], j, d / 2);
+                cl[u] = _mm256_and_si256(x, nib);
+                ch[u] = _mm256_and_si256(_mm256_srli_epi16(x, 4), nib);
+            }
+#pragma GCC unroll 3
+            for (int k = 0; k < np; k++) {
+                const __m256i ql = _mm256_loadu_si256((const __m256i *)(lo + k * (I8A_MAX_HEAD_DIM / 2) + j));
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)(hi + k * (I8A_MAX_HEAD_DIM / 2) + j));
+#pragma GCC unroll 4
+                for (int u = 0; u < 4; u++)
+                    acc[u][k] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(acc[u][k], cl[u], ql), ch[u], qh);
+            }
+        }
+#pragma GCC unroll 3
+        for (int k = 0; k < np; k++) {
+            int32_t four[4];
+            _mm_storeu_si128((__m128i *)four, i8a_reduce4x256_avx512_vnni(acc[0][k], acc[1][k],
+                                                                          acc[2][k], acc[3][k], none));
+            for (size_t u = 0; u < 4 && s + u < n; u++)
+                dot[(size_t)k * I8A_K4_GROUP + s + u] = four[u];
+        }
+    }
+}
+
+/* p [n] = i8a_logit4 of NP plane dots (dot[k * I8A_K4_GROUP + s]), sixteen at a time; returns
+ * their max (-FLT_MAX for none). */
+I8A_INLINE float i8a_logits4_avx512_vnni(const int32_t *dot, const float *c, int np, float bias,
+                                         float cap, float inv_cap, size_t n, float *p)
+{
+    __m512 vmax = _mm512_set1_ps(-FLT_MAX);
+    for (size_t s = 0; s < n; s += 16) {
+        const __mmask16 live = n - s >= 16 ? 0xffff : (__mmask16)((1u << (n - s)) - 1);
+        __m512 lg = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(live, dot + s)),
+                                  _mm512_set1_ps(c[0]));
+#pragma GCC unroll 3
+        for (int k = 1; k < np; k++)
+            lg = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(live, dot + (size_t)k * I8A_K4_GROUP + s)),
+                                 _mm512_set1_ps(c[k]), lg);
+        lg = _mm512_add_ps(lg, _mm512_set1_ps(bias));
+        if (cap > 0.0f)
+            lg = i8a_softcap16_avx512_vnni(lg, cap, inv_cap);
+        _mm512_mask_storeu_ps(p + s, live, lg);
+        vmax = _mm512_mask_max_ps(vmax, live, vmax, lg);
+    }
+    return _mm512_reduce_max_ps(vmax);
+}
+
+/* common.h's i8a_k4_query with this tier's vectors: the steps and minima widened by
+ * vcvtph2ps (exact), the planes' bytes by vcvtps2dq (nearest even under the default MXCSR)
+ * clamped as integers, the bias by one 16-lane accumulator (dot16's order) and the lane fold. */
+static inline void i8a_k4_query_avx512_vnni(const float *qs, const uint16_t *h_min,
+                                            float min_scale, const uint16_t *h_step,
+                                            float step_scale, size_t d, int planes, int8_t *q,
+                                            float *c, float *bias, float *r)
+{
+    const __m512 ss = _mm512_set1_ps(step_scale);
+    __m512 acc = _mm512_setzero_ps(), most = _mm512_setzero_ps();
+    for (size_t i = 0; i < d; i += 16) {
+        const __m512 x = _mm512_loadu_ps(qs + i);
+        const __m512 y = _mm512_mul_ps(x, _mm512_mul_ps(i8a_halves16_avx512_vnni(h_step + i), ss));
+        _mm512_storeu_ps(r + i, y);
+        most = _mm512_max_ps(most, _mm512_abs_ps(y));
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(x, i8a_halves16_avx512_vnni(h_min + i)));
+    }
+    float inv[I8A_K4_QPLANES];
+    i8a_k4_scales(_mm512_reduce_max_ps(most), planes, c, inv);
+    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+    for (size_t i = 0; i < d; i += 16) {
+        __m512 x = _mm512_loadu_ps(r + i);
+        for (int k = 0; k < planes; k++) {
+            __m512i b = _mm512_cvtps_epi32(_mm512_mul_ps(x, _mm512_set1_ps(inv[k])));
+            b = _mm512_min_epi32(_mm512_max_epi32(b, lo), hi);
+            _mm_storeu_si128((__m128i *)(q + (size_t)k * I8A_MAX_HEAD_DIM + i), _mm512_cvtepi32_epi8(b));
+            x = _mm512_sub_ps(x, _mm512_mul_ps(_mm512_cvtepi32_ps(b), _mm512_set1_ps(c[k])));
+        }
+    }
+    *bias = i8a_fold16_avx512_vnni(acc) * min_scale;
+}
+
+/* The logits of query head j against the span's K rows at 4 bits (common.h's
+ * i8a_logits4_scalar, group by group); returns their max. */
+I8A_INLINE float i8a_k4_logits_avx512_vnni(const i8a_query *q, const i8a_span *kv, size_t j,
+                                           float *p, uint8_t *extra, int np)
+{
+    const size_t d = q->d, n = kv->n, half = I8A_MAX_HEAD_DIM / 2;
+    int8_t *planes = (int8_t *)extra, *lo = planes + I8A_K4_QPLANES * I8A_MAX_HEAD_DIM;
+    int8_t *hi = lo + I8A_K4_QPLANES * half;
+    float *tmp = (float *)(hi + I8A_K4_QPLANES * half);
+    int32_t *dot = (int32_t *)(tmp + I8A_MAX_HEAD_DIM);
+    float m = -FLT_MAX;
+    size_t s = 0;
+    for (size_t grp = 0; s < n; grp++) {
+        const size_t end = (grp + 1) * I8A_K4_GROUP - kv->k4_lead, rows = (end < n ? end : n) - s;
+        float c[I8A_K4_QPLANES], bias;
+        i8a_k4_query_avx512_vnni(q->q_float + j * d, kv->k4_min + grp * d, kv->k4_min_scale[grp],
+                                 kv->k4_step + grp * d, kv->k4_step_scale[grp], d, np, planes, c,
+                                 &bias, tmp);
+        for (int k = 0; k < np; k++)
+            i8a_k4_order_avx512_vnni(planes + k * I8A_MAX_HEAD_DIM, d, lo + k * half, hi + k * half);
+        i8a_k4dots_avx512_vnni(kv->k4 + s * (d / 2), rows, d, lo, hi, np, dot);
+        const float gm = i8a_logits4_avx512_vnni(dot, c, np, bias, q->softcap, q->inv_softcap,
+                                                 rows, p + s);
+        m = gm > m ? gm : m;
+        s += rows;
+    }
+    return m;
+}
+
+/* p[s] = exp(p[s] - m) * vs[s] for s < n (zeros up to a multiple of 16); returns the 16-lane
+ * sum of the exps and sets *vmin_sum to the 16-lane sum of exp * vmin (V at 4 bits). */
+static inline float i8a_softmax4_avx512_vnni(float *p, const float *vs, const float *vmin,
+                                             size_t n, float m, float *vmin_sum)
+{
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 acc = _mm512_setzero_ps(), macc = _mm512_setzero_ps();
+    for (size_t s = 0; s < n; s += 16) {
+        const __mmask16 live = n - s >= 16 ? 0xffff : (__mmask16)((1u << (n - s)) - 1);
+        __m512 e = _mm512_maskz_mov_ps(live, i8a_exp16_avx512_vnni(_mm512_sub_ps(_mm512_load_ps(p + s), vm)));
+        acc = _mm512_add_ps(acc, e);
+        macc = _mm512_add_ps(macc, _mm512_mul_ps(e, _mm512_maskz_loadu_ps(live, vmin + s)));
+        _mm512_store_ps(p + s, _mm512_mul_ps(e, _mm512_maskz_loadu_ps(live, vs + s)));
+    }
+    *vmin_sum = i8a_fold16_avx512_vnni(macc);
+    return i8a_fold16_avx512_vnni(acc);
+}
+
+/* The integer V pass at 4 bits of NH heads (1 or 2) over the 32-dimension blocks [b0, b0 +
+ * NB): per tile and block, 64 bytes unpack to two vectors in the int8 tile's layout
+ * (dimensions 32 b .. + 15 from the low nibbles, 32 b + 16 .. + 31 from the high ones), one
+ * vpdpbusd each per plane and head; then o = i8a_v_out(S) + the head's vmin sum. NH and NB are
+ * constants at every call. */
+I8A_INLINE void
+i8a_v4tiles_block_avx512_vnni(const uint8_t *const *planes, const float *vmin, int nh, int nb,
+                              const uint8_t *v4, size_t tiles, size_t d, size_t b0, float *o)
+{
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    __m512i acc[2][I8A_WPLANES][4];
+#pragma GCC unroll 2
+    for (int h = 0; h < nh; h++)
+#pragma GCC unroll 3
+        for (int k = 0; k < I8A_WPLANES; k++)
+#pragma GCC unroll 4
+            for (int u = 0; u < 2 * nb; u++)
+                acc[h][k][u] = _mm512_setzero_si512();
+    for (size_t t = 0; t < tiles; t++) {
+        const uint8_t *x = v4 + t * 2 * d + 64 * b0;
+        __m512i xv[4];
+#pragma GCC unroll 2
+        for (int b = 0; b < nb; b++) {
+            const __m512i raw = _mm512_loadu_si512((const void *)(x + 64 * b));
+            xv[2 * b] = _mm512_and_si512(raw, nib);
+            xv[2 * b + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+        }
+#pragma GCC unroll 2
+        for (int h = 0; h < nh; h++)
+#pragma GCC unroll 3
+            for (int k = 0; k < I8A_WPLANES; k++) {
+                const __m512i pw = i8a_pword_avx512_vnni(planes[h] + k * I8A_PLANE_BYTES, t);
+#pragma GCC unroll 4
+                for (int u = 0; u < 2 * nb; u++)
+                    acc[h][k][u] = _mm512_dpbusd_epi32(acc[h][k][u], pw, xv[u]);
+            }
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < nh; h++) {
+        float sc[I8A_WPLANES];
+        i8a_planes_scales(planes[h], sc);
+#pragma GCC unroll 4
+        for (int u = 0; u < 2 * nb; u++) {
+            __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[h][0][u]), _mm512_set1_ps(sc[0]));
+#pragma GCC unroll 3
+            for (int k = 1; k < I8A_WPLANES; k++)
+                y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[h][k][u]), _mm512_set1_ps(sc[k]), y);
+            _mm512_storeu_ps(o + h * d + 32 * b0 + 16 * u, _mm512_add_ps(y, _mm512_set1_ps(vmin[h])));
+        }
+    }
+}
+
+/* The V pass at 4 bits over the nq heads of a chunk: pairs of heads a block of 32 dimensions at
+ * a time, then a head left alone two blocks at a time (12 accumulators either way). */
+static inline void i8a_v4pass_avx512_vnni(float *scratch, size_t nq, const i8a_span *kv, size_t d,
+                                          float *o)
+{
+    const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n), blocks = d / I8A_NIB_BLOCK;
+    size_t j = 0;
+    for (; j + 2 <= nq; j += 2) {
+        const uint8_t *planes[2] = {i8a_planes_at(scratch, nq, j), i8a_planes_at(scratch, nq, j + 1)};
+        const float vmin[2] = {*i8a_vmin_sum_at(scratch, nq, j), *i8a_vmin_sum_at(scratch, nq, j + 1)};
+        for (size_t b = 0; b < blocks; b++)
+            i8a_v4tiles_block_avx512_vnni(planes, vmin, 2, 1, kv->v4, tiles, d, b, o + j * d);
+    }
+    if (j < nq) {
+        const uint8_t *planes[2] = {i8a_planes_at(scratch, nq, j), NULL};
+        const float vmin[2] = {*i8a_vmin_sum_at(scratch, nq, j), 0.0f};
+        size_t b = 0;
+        for (; b + 2 <= blocks; b += 2)
+            i8a_v4tiles_block_avx512_vnni(planes, vmin, 1, 2, kv->v4, tiles, d, b, o + j * d);
+        if (b < blocks)
+            i8a_v4tiles_block_avx512_vnni(planes, vmin, 1, 1, kv->v4, tiles, d, b, o + j * d);
+    }
+}
+
+/* attend4 (dispatch.h) in attend's order, the 4-bit passes vectorized: K at 8 bits by attend's
+ * dots, at 4 bits group by group (i8a_k4_logits_avx512_vnni); the softmax with V's minima; the
+ * planes; the V pass of the side's width. */
+static void i8a_attend4_avx512_vnni(const i8a_query *q, const i8a_span *kv, float *scratch,
+                                    const i8a_state *out)
+{
+    const size_t d = q->d, n = kv->n, nq = q->nq;
+    uint8_t *extra = (uint8_t *)(scratch + 2 * nq * I8A_CHUNK);
+    int32_t *dh = (int32_t *)(scratch + nq * I8A_CHUNK), *dl = (int32_t *)scratch;
+    if (!kv->k4)
+        i8a_kdots_avx512_vnni(q, kv, dh, dl);
+    for (size_t j = 0; j < nq; j++) {
+        float *p = scratch + j * I8A_CHUNK;
+        float m;
+        if (!kv->k4)
+            m = i8a_logits_avx512_vnni(dh + j * I8A_CHUNK, dl + j * I8A_CHUNK, q->c_hi[j],
+                                       q->two_planes ? q->c_lo[j] : 0.0f, q->two_planes,
+                                       q->bias[j], q->softcap, q->inv_softcap, kv->ks, n, p);
+        else if (q->two_planes)
+            m = i8a_k4_logits_avx512_vnni(q, kv, j, p, extra, I8A_K4_QPLANES);
+        else
+            m = i8a_k4_logits_avx512_vnni(q, kv, j, p, extra, 1);
+        out->m[j] = m;
+        if (kv->v4)
+            out->l[j] = i8a_softmax4_avx512_vnni(p, kv->vs, kv->v4_min, n, m,
+                                                 i8a_vmin_sum_at(scratch, nq, j));
+        else
+            out->l[j] = i8a_softmax_avx512_vnni(p, kv->vs, n, m);
+        i8a_planes_avx512_vnni(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j));
+    }
+    if (kv->v4) {
+        i8a_v4pass_avx512_vnni(scratch, nq, kv, d, out->o);
+        return;
+    }
+    size_t j = 0, pf_n = kv->next_n;
+    for (; j + 4 <= nq; j += 4, pf_n = 0)
+        i8a_vtiles_group_avx512_vnni(scratch, nq, j, 4, kv, d, out->o, pf_n);
+    switch (nq - j) {
+    case 3: i8a_vtiles_group_avx512_vnni(scratch, nq, j, 3, kv, d, out->o, pf_n); break;
+    case 2: i8a_vtiles_group_avx512_vnni(scratch, nq, j, 2, kv, d, out->o, pf_n); break;
+    case 1: i8a_vtiles_group_avx512_vnni(scratch, nq, j, 1, kv, d, out->o, pf_n); break;
+    default: break;
+    }
 }
 
 static void i8a_merge_avx512_vnni(const i8a_state *run, const i8a_state *chunk, size_t d)
@@ -497,11 +779,7 @@ static float i8a_half_row_avx512_vnni(const float *x, size_t d, uint16_t *h)
     return ldexpf(1.0f, e);
 }
 
-/* The recent window's two loops (common.h's order), halves widened by vcvtph2ps (exact). */
-static inline __m512 i8a_halves16_avx512_vnni(const uint16_t *h)
-{
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
-}
+/* The recent window's two loops (common.h's order), halves widened by i8a_halves16 (above). */
 
 static void i8a_dots4_avx512_vnni(const float *q, const uint16_t *const *k, size_t d, float *dot)
 {

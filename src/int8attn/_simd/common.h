@@ -549,47 +549,67 @@ static inline int32_t i8a_nib_tile(const uint8_t *tile, size_t i, size_t r)
 
 /* The q planes of one query row against one K group at 4 bits, qs [d] the row times the
  * softmax scale:
- *   step_i = half(h_step[i]) * step_scale;  q'_i = qs_i * step_i;
- *   plane 0: q0, c0 = quantize(q');  with q_bits=16 two more, each quantizing what the planes
- *   before leave: r_i = r_i - float(q_k,i) * c_k (multiply, then subtract; r = q' first);
+ *   step_i = half(h_step[i]) * step_scale;  q'_i = qs_i * step_i;  a = max_i |q'_i|;
+ *   a below I8A_ABSMAX_MIN: every plane 0, c_k = 0; else c_0 = a / 127, inv_0 = 127 / a, and
+ *   each plane 254 times finer than the one before: c_k = c_(k-1) / 254, inv_k = inv_(k-1) * 254;
+ *   per element, x = q'_i, then for each plane: b = clamp(rint(x * inv_k), -127, 127), the
+ *   plane's byte; x = x - float(b) * c_k (multiply, then subtract);
  *   bias = dot16(qs, h_min) * min_scale;
- * so that qs . k = bias + sum_i q'_i code_i. Three planes, not two as for K at 8 bits: q'
- * carries each channel's step, and K's outlier channels (steps 20x the others') would leave the
- * other channels a few steps of two planes (1.05e-3 against the contract's 1e-3 on such K).
- * Planes past the last are zeros with c 0. tmp: 2 d floats. */
+ * so that qs . k = bias + sum_i q'_i code_i, with q' within c_(planes-1) / 2 (each residual
+ * lies within half the step of its plane: 254 steps of the next cover it). Three planes with
+ * q_bits=16, not two as for K at 8 bits: q' carries each channel's step, and K's outlier
+ * channels (steps 20x the others') leave the other channels few steps of two planes (1.05e-3
+ * against the contract's 1e-3 on such K). One plane with q_bits=8. Plane k is at q + k *
+ * I8A_MAX_HEAD_DIM; r: d floats of scratch. */
 #define I8A_K4_QPLANES 3
 
-static inline void i8a_k4_query(i8a_quantize_row_fn quantize, const float *qs,
-                                const uint16_t *h_min, float min_scale, const uint16_t *h_step,
-                                float step_scale, size_t d, int planes, int8_t *q, float *c,
-                                float *bias, float *tmp)
+static inline void i8a_k4_scales(float a, int planes, float *c, float *inv)
 {
-    float *r = tmp;
-    for (size_t i = 0; i < d; i++)
+    const int some = a >= I8A_ABSMAX_MIN;
+    c[0] = some ? a / 127.0f : 0.0f;
+    inv[0] = some ? 127.0f / a : 0.0f;
+    for (int k = 1; k < planes; k++) {
+        c[k] = c[k - 1] / 254.0f;
+        inv[k] = inv[k - 1] * 254.0f;
+    }
+}
+
+static inline int8_t i8a_k4_plane_byte(float x, float inv)
+{
+    float b = rintf(x * inv);
+    b = b > 127.0f ? 127.0f : b;
+    return (int8_t)(b < -127.0f ? -127.0f : b);
+}
+
+static inline void i8a_k4_query(const float *qs, const uint16_t *h_min, float min_scale,
+                                const uint16_t *h_step, float step_scale, size_t d, int planes,
+                                int8_t *q, float *c, float *bias, float *r)
+{
+    float a = 0.0f, inv[I8A_K4_QPLANES];
+    for (size_t i = 0; i < d; i++) {
         r[i] = qs[i] * (i8a_half_value(h_step[i]) * step_scale);
-    for (int k = 0; k < I8A_K4_QPLANES; k++) {
-        int8_t *qk = q + (size_t)k * I8A_MAX_HEAD_DIM;
-        if (k >= planes) {
-            memset(qk, 0, d);
-            c[k] = 0.0f;
-            continue;
+        a = fabsf(r[i]) > a ? fabsf(r[i]) : a;
+    }
+    i8a_k4_scales(a, planes, c, inv);
+    for (size_t i = 0; i < d; i++) {
+        float x = r[i];
+        for (int k = 0; k < planes; k++) {
+            const int8_t b = i8a_k4_plane_byte(x, inv[k]);
+            q[(size_t)k * I8A_MAX_HEAD_DIM + i] = b;
+            x = x - (float)b * c[k];
         }
-        if (k > 0)
-            for (size_t i = 0; i < d; i++)
-                r[i] = r[i] - (float)q[(size_t)(k - 1) * I8A_MAX_HEAD_DIM + i] * c[k - 1];
-        quantize(r, d, qk, &c[k]);
     }
     *bias = i8a_dot16_halves(qs, h_min, d) * min_scale;
 }
 
-/* A logit of K at 4 bits from its plane dots: fma(float(dot2), c2, fma(float(dot1), c1,
- * float(dot0) * c0)) + bias, then the soft cap when on (the dots are exact: |dot| <= 127 * 15 *
- * 1024 < 2^21). */
-static inline float i8a_logit4(const int32_t dot[I8A_K4_QPLANES], const float c[I8A_K4_QPLANES],
-                               float bias, float cap, float inv_cap)
+/* A logit of K at 4 bits from its `planes` plane dots: lg = float(dot0) * c0, then lg =
+ * fma(float(dot_k), c_k, lg) for the planes after it; lg + bias; the soft cap when on (the
+ * dots are exact: |dot| <= 127 * 15 * 1024 < 2^21). */
+static inline float i8a_logit4(const int32_t *dot, const float *c, int planes, float bias,
+                               float cap, float inv_cap)
 {
     float lg = (float)dot[0] * c[0];
-    for (int k = 1; k < I8A_K4_QPLANES; k++)
+    for (int k = 1; k < planes; k++)
         lg = fmaf((float)dot[k], c[k], lg);
     lg = lg + bias;
     return cap > 0.0f ? i8a_softcap(lg, cap, inv_cap) : lg;
@@ -642,29 +662,29 @@ static inline float i8a_logits8_scalar(const i8a_query *q, const i8a_span *kv, s
 /* The logits of query head j against the span's K rows at 4 bits: each group's planes
  * (i8a_k4_query; three with q_bits=16, one with 8) against its rows' codes, exact int32 dots;
  * p [n]; returns their max. extra: I8A_ATTEND4_EXTRA bytes. */
-static inline float i8a_logits4_scalar(i8a_quantize_row_fn quantize, const i8a_query *q,
-                                       const i8a_span *kv, size_t j, float *p, uint8_t *extra)
+static inline float i8a_logits4_scalar(const i8a_query *q, const i8a_span *kv, size_t j,
+                                       float *p, uint8_t *extra)
 {
     const size_t d = q->d, n = kv->n;
     int8_t *planes = (int8_t *)extra;
     float *tmp = (float *)(extra + I8A_K4_QPLANES * I8A_MAX_HEAD_DIM);
     float m = 0.0f;
     size_t s = 0;
+    const int np = q->two_planes ? I8A_K4_QPLANES : 1;
     for (size_t grp = 0; s < n; grp++) {
         const size_t end = (grp + 1) * I8A_K4_GROUP - kv->k4_lead;
         float c[I8A_K4_QPLANES], bias;
-        i8a_k4_query(quantize, q->q_float + j * d, kv->k4_min + grp * d, kv->k4_min_scale[grp],
-                     kv->k4_step + grp * d, kv->k4_step_scale[grp], d,
-                     q->two_planes ? I8A_K4_QPLANES : 1, planes, c, &bias, tmp);
+        i8a_k4_query(q->q_float + j * d, kv->k4_min + grp * d, kv->k4_min_scale[grp],
+                     kv->k4_step + grp * d, kv->k4_step_scale[grp], d, np, planes, c, &bias, tmp);
         for (; s < n && s < end; s++) {
             const uint8_t *row = kv->k4 + s * (d / 2);
             int32_t dot[I8A_K4_QPLANES] = {0};
             for (size_t i = 0; i < d; i++) {
                 const int32_t code = i8a_nib_row(row, i);
-                for (int k = 0; k < I8A_K4_QPLANES; k++)
+                for (int k = 0; k < np; k++)
                     dot[k] += planes[(size_t)k * I8A_MAX_HEAD_DIM + i] * code;
             }
-            p[s] = i8a_logit4(dot, c, bias, q->softcap, q->inv_softcap);
+            p[s] = i8a_logit4(dot, c, np, bias, q->softcap, q->inv_softcap);
             m = (s == 0 || p[s] > m) ? p[s] : m;
         }
     }
@@ -706,16 +726,15 @@ static inline void i8a_vpass4_scalar(float *scratch, size_t nq, const i8a_span *
 /* attend4 (dispatch.h) in the order of i8a_attend_scalar: per query head, the logits (K at 8
  * or 4 bits), m, p = exp(logit - m), l = the 16-lane sum of p; with V at 4 bits also sum_s p_s
  * vmin_s in the same lane order (multiply, then add); the weights p * vs (V's scales or steps)
- * in three integer planes; then the V pass of the side's width. The tiers compile this with
- * their own quantize_row. */
-I8A_INLINE void i8a_attend4_body(i8a_quantize_row_fn quantize, const i8a_query *q,
-                                 const i8a_span *kv, float *scratch, const i8a_state *out)
+ * in three integer planes; then the V pass of the side's width. */
+I8A_INLINE void i8a_attend4_body(const i8a_query *q, const i8a_span *kv, float *scratch,
+                                 const i8a_state *out)
 {
     const size_t d = q->d, n = kv->n, nq = q->nq;
     uint8_t *extra = (uint8_t *)(scratch + 2 * nq * I8A_CHUNK);
     for (size_t j = 0; j < nq; j++) {
         float *p = scratch + j * I8A_CHUNK;
-        const float m = kv->k4 ? i8a_logits4_scalar(quantize, q, kv, j, p, extra)
+        const float m = kv->k4 ? i8a_logits4_scalar(q, kv, j, p, extra)
                                : i8a_logits8_scalar(q, kv, j, p);
         float lane[I8A_SUM_LANES] = {0.0f}, mlane[I8A_SUM_LANES] = {0.0f};
         for (size_t s = 0; s < n; s++) {

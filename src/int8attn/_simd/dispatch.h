@@ -106,7 +106,7 @@ typedef int (*i8a_quantize_row_fn)(const float *x, size_t d, int8_t *codes, floa
  * 4 bits: k4 or v4 set) I8A_ATTEND4_EXTRA bytes more. */
 typedef void (*i8a_attend_fn)(const i8a_query *q, const i8a_span *kv, float *scratch,
                               const i8a_state *out);
-#define I8A_ATTEND4_EXTRA (11 * I8A_MAX_HEAD_DIM + 64)
+#define I8A_ATTEND4_EXTRA (10 * I8A_MAX_HEAD_DIM + 12 * I8A_K4_GROUP + 64)
 
 /* Fold a chunk's state into a running state, one query row (the running one covers the
  * earlier tokens): m = max(m, cm); l = l*a + cl*b; o = o*a + co*b, a = exp(m_old - m),

@@ -386,11 +386,11 @@ static void i8a_attend_neon(const i8a_query *q, const i8a_span *kv, float *scrat
     i8a_attend_with_neon(i8a_dot16_neon, i8a_vpass_neon, q, kv, scratch, out);
 }
 
-/* attend4: common.h's body with this tier's quantizer (the 4-bit passes in plain C for now). */
+/* attend4: common.h's body (the 4-bit passes in plain C for now). */
 static void i8a_attend4_neon(const i8a_query *q, const i8a_span *kv, float *scratch,
                           const i8a_state *out)
 {
-    i8a_attend4_body(i8a_quantize_row_neon, q, kv, scratch, out);
+    i8a_attend4_body(q, kv, scratch, out);
 }
 
 static void i8a_merge_neon(const i8a_state *run, const i8a_state *chunk, size_t d)

@@ -47,7 +47,7 @@ static void i8a_attend_scalar(const i8a_query *q, const i8a_span *kv, float *scr
 static void i8a_attend4_scalar(const i8a_query *q, const i8a_span *kv, float *scratch,
                                const i8a_state *out)
 {
-    i8a_attend4_body(i8a_quantize_row_scalar, q, kv, scratch, out);
+    i8a_attend4_body(q, kv, scratch, out);
 }
 
 static void i8a_merge_scalar(const i8a_state *run, const i8a_state *chunk, size_t d)
