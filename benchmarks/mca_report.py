@@ -74,6 +74,36 @@ DOTPROD void mca_v4_neon_dotprod(float *scratch, const i8a_span *kv, float *o)
     i8a_vpass_neon_dotprod(scratch, 4, kv, 128, o);
 }
 
+void mca_k4_neon(const uint8_t *k4, size_t n, const int8_t *planes, int32_t *dot)
+{
+    i8a_k4dots_with_neon(i8a_dot16_neon, k4, n, 128, planes, 3, dot);
+}
+
+DOTPROD void mca_k4_neon_dotprod(const uint8_t *k4, size_t n, const int8_t *planes, int32_t *dot)
+{
+    i8a_k4dots_with_neon(i8a_dot16_neon_dotprod, k4, n, 128, planes, 3, dot);
+}
+
+void mca_v4_1_neon(float *scratch, const i8a_span *kv, float *o)
+{
+    i8a_v4pass_neon(scratch, 1, kv, 128, o);
+}
+
+void mca_v4_4_neon(float *scratch, const i8a_span *kv, float *o)
+{
+    i8a_v4pass_neon(scratch, 4, kv, 128, o);
+}
+
+DOTPROD void mca_v4_1_neon_dotprod(float *scratch, const i8a_span *kv, float *o)
+{
+    i8a_v4pass_neon_dotprod(scratch, 1, kv, 128, o);
+}
+
+DOTPROD void mca_v4_4_neon_dotprod(float *scratch, const i8a_span *kv, float *o)
+{
+    i8a_v4pass_neon_dotprod(scratch, 4, kv, 128, o);
+}
+
 void mca_planes(const float *w, size_t n, size_t lead, uint8_t *slot)
 {
     i8a_planes_neon(w, n, lead, slot);
@@ -108,6 +138,21 @@ PASSES = {
         ("V sums", ("mca_v1_neon_dotprod", "mca_v4_neon_dotprod"), "sdot", (96, 48),  # 4 tiles
          lambda c: c * D / 32 / 16, lambda c: c * D / 4 / 16),     # (16 tokens) x 3 planes:
     ],                                                             # 1 head x 32 dims, 4 heads x 4
+    # the sides at 4 bits (KVCache): K dots of 4 rows x 3 planes x 32 channels; V sums of 3
+    # planes, neon 2 tiles x 16 dims of one head (the same loop for each head), dotprod 4
+    # tiles, 1 head x 16 dims or 2 heads x 8 (twice for 4 heads)
+    "neon 4-bit": [
+        ("K4 dots", "mca_k4_neon", "sadalp", 24,
+         lambda c: c * D / 32 / 4, lambda c: 4 * c * D / 32 / 4),
+        ("V4 sums", ("mca_v4_1_neon", "mca_v4_4_neon"), "sadalp", 24,
+         lambda c: c * D / 16 / 8, lambda c: 4 * c * D / 16 / 8),
+    ],
+    "neon_dotprod 4-bit": [
+        ("K4 dots", "mca_k4_neon_dotprod", "sdot", 24,
+         lambda c: c * D / 32 / 4, lambda c: 4 * c * D / 32 / 4),
+        ("V4 sums", ("mca_v4_1_neon_dotprod", "mca_v4_4_neon_dotprod"), "sdot", 48,
+         lambda c: c * D / 16 / 16, lambda c: 2 * c * D / 8 / 16),
+    ],
     "shared": [
         ("P planes", "mca_planes", "frintm", 8,          # 16 weights x 2 floors, per query head
          lambda c: c / 16, lambda c: 4 * c / 16),
@@ -117,8 +162,9 @@ PASSES = {
          lambda c: c / 16, lambda c: 4 * c / 16),
     ],
 }
-CPUS = [("A76 (neoverse-n1)", "neoverse-n1", ("neon_dotprod", "neon")),
-        ("A72 (cortex-a72)", "cortex-a72", ("neon",))]
+CPUS = [("A76 (neoverse-n1)", "neoverse-n1",
+         ("neon_dotprod", "neon", "neon_dotprod 4-bit", "neon 4-bit")),
+        ("A72 (cortex-a72)", "cortex-a72", ("neon", "neon 4-bit"))]
 
 
 def cflags():

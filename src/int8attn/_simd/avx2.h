@@ -173,6 +173,12 @@ static inline float i8a_fold16_avx2(__m256 lo, __m256 hi)
     return _mm_cvtss_f32(x);
 }
 
+/* Eight halves widened by F16C (exact). */
+static inline __m256 i8a_halves8_avx2(const uint16_t *h)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
 /* p[s] = exp(p[s] - m) for s < n (in place, padding to a multiple of 16 left as zeros);
  * returns the 16-lane sum of common.h. */
 static inline float i8a_softmax_avx2(float *p, size_t n, float m)
@@ -432,11 +438,291 @@ static void i8a_attend_avx2(const i8a_query *q, const i8a_span *kv, float *scrat
         i8a_vtiles_group_avx2(scratch, nq, j, 1, kv, d, out->o, pf_n);
 }
 
-/* attend4: common.h's body (the 4-bit passes in plain C for now). */
-static void i8a_attend4_avx2(const i8a_query *q, const i8a_span *kv, float *scratch,
-                          const i8a_state *out)
+/* -- attend4: the sides at 4 bits (dispatch.h) ------------------------------------------- */
+
+/* common.h's i8a_k4_query on 8 lanes: the steps and minima widened by F16C (exact), the planes'
+ * bytes by vcvtps2dq (nearest even under the default MXCSR) clamped as integers, the bias in
+ * dot16's order (two vectors of the sixteen lanes, folded). */
+static inline void i8a_k4_query_avx2(const float *qs, const uint16_t *h_min, float min_scale,
+                                     const uint16_t *h_step, float step_scale, size_t d,
+                                     int planes, int8_t *q, float *c, float *bias, float *r)
 {
-    i8a_attend4_body(q, kv, scratch, out);
+    const __m256 ss = _mm256_set1_ps(step_scale);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, most = _mm256_setzero_ps();
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (size_t i = 0; i < d; i += 16) {
+        for (int b = 0; b < 2; b++) {
+            const __m256 x = _mm256_loadu_ps(qs + i + 8 * b);
+            const __m256 y = _mm256_mul_ps(x, _mm256_mul_ps(i8a_halves8_avx2(h_step + i + 8 * b), ss));
+            _mm256_storeu_ps(r + i + 8 * b, y);
+            most = _mm256_max_ps(most, _mm256_andnot_ps(sign, y));
+            acc[b] = _mm256_add_ps(acc[b], _mm256_mul_ps(x, i8a_halves8_avx2(h_min + i + 8 * b)));
+        }
+    }
+    float inv[I8A_K4_QPLANES];
+    i8a_k4_scales(i8a_hmax8_avx2(most), planes, c, inv);
+    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (size_t i = 0; i < d; i += 16) {
+        __m256 x[2] = {_mm256_loadu_ps(r + i), _mm256_loadu_ps(r + i + 8)};
+        for (int k = 0; k < planes; k++) {
+            __m256i b[2];
+            for (int u = 0; u < 2; u++) {
+                b[u] = _mm256_cvtps_epi32(_mm256_mul_ps(x[u], _mm256_set1_ps(inv[k])));
+                b[u] = _mm256_min_epi32(_mm256_max_epi32(b[u], lo), hi);
+                x[u] = _mm256_sub_ps(x[u], _mm256_mul_ps(_mm256_cvtepi32_ps(b[u]), _mm256_set1_ps(c[k])));
+            }
+            /* packs: [a0-3 b0-3 | a4-7 b4-7] as 16 bits, then bytes; words 0 4 1 5 */
+            const __m256i pk = _mm256_packs_epi16(_mm256_packs_epi32(b[0], b[1]), _mm256_setzero_si256());
+            _mm_storeu_si128((__m128i *)(q + (size_t)k * I8A_MAX_HEAD_DIM + i),
+                             _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(pk, order)));
+        }
+    }
+    *bias = i8a_fold16_avx2(acc[0], acc[1]) * min_scale;
+}
+
+/* The int16 pair sums of 32 codes (unsigned, 0 .. 15) and 32 plane bytes (signed): vpmaddubsw,
+ * at most 2 * 15 * 127 a pair. */
+static inline __m256i i8a_pairs4_avx2(__m256i codes, const int8_t *q)
+{
+    return _mm256_maddubs_epi16(codes, _mm256_loadu_si256((const __m256i *)q));
+}
+
+/* Exact dots of NP q planes ([NP][I8A_MAX_HEAD_DIM], natural order) with rows [0, n) of K at 4
+ * bits, four rows and one plane at a time: a row's 32 bytes (two blocks) unpack to the low
+ * nibbles, channels 32 b + i, and the high ones, 32 b + 16 + i, matched by the plane's bytes
+ * in that order (lo, hi: [NP][I8A_MAX_HEAD_DIM / 2], i8a_k4_order); the int16 pair sums of up
+ * to 128 bytes of a row (8 of them: at most 8 * 3810 < 2^15) add before vpmaddwd widens them:
+ * dot[k * I8A_K4_GROUP + s]. */
+I8A_INLINE void i8a_k4dots_avx2(const uint8_t *k4, size_t n, size_t d, const int8_t *lo,
+                                const int8_t *hi, int np, int32_t *dot)
+{
+    const __m256i nib = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const size_t bytes = d / 2;
+    for (int k = 0; k < np; k++) {
+        const int8_t *ql = lo + (size_t)k * (I8A_MAX_HEAD_DIM / 2), *qh = hi + (size_t)k * (I8A_MAX_HEAD_DIM / 2);
+        for (size_t s = 0; s < n; s += 4) {
+            const uint8_t *r[4];
+            for (int u = 0; u < 4; u++)
+                r[u] = k4 + (s + (size_t)u < n ? s + (size_t)u : n - 1) * bytes;
+            __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
+                              _mm256_setzero_si256(), _mm256_setzero_si256()};
+            for (size_t j0 = 0; j0 < bytes; j0 += 128) {
+                const size_t j1 = j0 + 128 < bytes ? j0 + 128 : bytes;
+                __m256i p16[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
+                                  _mm256_setzero_si256(), _mm256_setzero_si256()};
+                for (size_t j = j0; j < j1; j += 32) {
+                    const int half = j + 32 > bytes;    /* a last 16 bytes: zeros past the row */
+#pragma GCC unroll 4
+                    for (int u = 0; u < 4; u++) {
+                        const __m256i x = half ? _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(r[u] + j)))
+                                               : _mm256_loadu_si256((const __m256i *)(r[u] + j));
+                        const __m256i cl = _mm256_and_si256(x, nib);
+                        const __m256i ch = _mm256_and_si256(_mm256_srli_epi16(x, 4), nib);
+                        p16[u] = _mm256_add_epi16(p16[u], _mm256_add_epi16(i8a_pairs4_avx2(cl, ql + j),
+                                                                           i8a_pairs4_avx2(ch, qh + j)));
+                    }
+                }
+#pragma GCC unroll 4
+                for (int u = 0; u < 4; u++)
+                    acc[u] = _mm256_add_epi32(acc[u], _mm256_madd_epi16(p16[u], ones));
+            }
+            int32_t four[4];
+            _mm_storeu_si128((__m128i *)four, i8a_reduce4_avx2(acc[0], acc[1], acc[2], acc[3]));
+            for (size_t u = 0; u < 4 && s + u < n; u++)
+                dot[(size_t)k * I8A_K4_GROUP + s + u] = four[u];
+        }
+    }
+}
+
+/* A K group's planes in the order of 32-byte code vectors (two blocks: low nibbles of both,
+ * then high). */
+static inline void i8a_k4_order_avx2(const int8_t *q, size_t d, int8_t *lo, int8_t *hi)
+{
+    for (size_t b = 0; b < d / I8A_NIB_BLOCK; b++) {
+        memcpy(lo + 16 * b, q + I8A_NIB_BLOCK * b, 16);
+        memcpy(hi + 16 * b, q + I8A_NIB_BLOCK * b + 16, 16);
+    }
+}
+
+/* p [n] = i8a_logit4 of NP plane dots, eight at a time (the rest one by one); returns their
+ * max (-FLT_MAX for none). */
+static inline float i8a_logits4_avx2(const int32_t *dot, const float *c, int np, float bias,
+                                     float cap, float inv_cap, size_t n, float *p)
+{
+    __m256 vmax = _mm256_set1_ps(-FLT_MAX);
+    size_t s = 0;
+    for (; s + 8 <= n; s += 8) {
+        __m256 lg = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(dot + s))),
+                                  _mm256_set1_ps(c[0]));
+        for (int k = 1; k < np; k++)
+            lg = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(dot + (size_t)k * I8A_K4_GROUP + s))),
+                                 _mm256_set1_ps(c[k]), lg);
+        lg = _mm256_add_ps(lg, _mm256_set1_ps(bias));
+        if (cap > 0.0f)
+            lg = i8a_softcap8_avx2(lg, cap, inv_cap);
+        _mm256_storeu_ps(p + s, lg);
+        vmax = _mm256_max_ps(vmax, lg);
+    }
+    float m = i8a_hmax8_avx2(vmax);
+    for (; s < n; s++) {
+        int32_t one[I8A_K4_QPLANES];
+        for (int k = 0; k < np; k++)
+            one[k] = dot[(size_t)k * I8A_K4_GROUP + s];
+        p[s] = i8a_logit4(one, c, np, bias, cap, inv_cap);
+        m = p[s] > m ? p[s] : m;
+    }
+    return m;
+}
+
+/* The logits of query head j against the span's K rows at 4 bits, group by group; returns
+ * their max. extra: I8A_ATTEND4_EXTRA bytes. */
+I8A_INLINE float i8a_k4_logits_avx2(const i8a_query *q, const i8a_span *kv, size_t j, float *p,
+                                    uint8_t *extra, int np)
+{
+    const size_t d = q->d, n = kv->n, half = I8A_MAX_HEAD_DIM / 2;
+    int8_t *planes = (int8_t *)extra, *lo = planes + I8A_K4_QPLANES * I8A_MAX_HEAD_DIM;
+    int8_t *hi = lo + I8A_K4_QPLANES * half;
+    float *r = (float *)(hi + I8A_K4_QPLANES * half);
+    int32_t *dot = (int32_t *)(r + I8A_MAX_HEAD_DIM);
+    float m = -FLT_MAX;
+    size_t s = 0;
+    for (size_t grp = 0; s < n; grp++) {
+        const size_t end = (grp + 1) * I8A_K4_GROUP - kv->k4_lead, rows = (end < n ? end : n) - s;
+        float c[I8A_K4_QPLANES], bias;
+        i8a_k4_query_avx2(q->q_float + j * d, kv->k4_min + grp * d, kv->k4_min_scale[grp],
+                          kv->k4_step + grp * d, kv->k4_step_scale[grp], d, np, planes, c, &bias, r);
+        for (int k = 0; k < np; k++)
+            i8a_k4_order_avx2(planes + k * I8A_MAX_HEAD_DIM, d, lo + k * half, hi + k * half);
+        i8a_k4dots_avx2(kv->k4 + s * (d / 2), rows, d, lo, hi, np, dot);
+        const float gm = i8a_logits4_avx2(dot, c, np, bias, q->softcap, q->inv_softcap, rows, p + s);
+        m = gm > m ? gm : m;
+        s += rows;
+    }
+    return m;
+}
+
+/* The 16-lane sum (common.h's order) of p[s] * vmin[s] for s < n: V's minima at 4 bits. */
+static inline float i8a_vmin_sum_avx2(const float *p, const float *vmin, size_t n)
+{
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    size_t s = 0;
+    for (; s + 8 <= n; s += 8)
+        acc[s / 8 % 2] = _mm256_add_ps(acc[s / 8 % 2], _mm256_mul_ps(_mm256_loadu_ps(p + s), _mm256_loadu_ps(vmin + s)));
+    float lane[I8A_SUM_LANES];
+    _mm256_storeu_ps(lane, acc[0]);
+    _mm256_storeu_ps(lane + 8, acc[1]);
+    for (; s < n; s++)
+        lane[s % I8A_SUM_LANES] = lane[s % I8A_SUM_LANES] + p[s] * vmin[s];
+    return i8a_reduce_lanes(lane);
+}
+
+/* The integer V pass at 4 bits of NH heads (1 or 2) over one 32-byte half (e) of a tile's
+ * 32-dimension block b: it unpacks to dimensions 32 b + 8 e .. + 7 (low nibbles) and 32 b + 16
+ * + 8 e .. + 7 (high ones) in the int8 tile's layout; i8a_vdot_avx2 per plane and head; then
+ * o = i8a_v_out(S) + the head's vmin sum. NH is a constant at every call. */
+I8A_INLINE void i8a_v4tiles_block_avx2(const uint8_t *const *planes, const float *vmin, int nh,
+                                       const uint8_t *v4, size_t tiles, size_t d, size_t b,
+                                       size_t e, float *o)
+{
+    const __m256i nib = _mm256_set1_epi8(0x0f);
+    __m256i acc[2][I8A_WPLANES][2];
+#pragma GCC unroll 2
+    for (int h = 0; h < nh; h++)
+#pragma GCC unroll 3
+        for (int k = 0; k < I8A_WPLANES; k++)
+            acc[h][k][0] = acc[h][k][1] = _mm256_setzero_si256();
+    for (size_t t = 0; t < tiles; t++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(v4 + t * 2 * d + 64 * b + 32 * e));
+        const __m256i x[2] = {_mm256_and_si256(raw, nib), _mm256_and_si256(_mm256_srli_epi16(raw, 4), nib)};
+#pragma GCC unroll 2
+        for (int h = 0; h < nh; h++)
+#pragma GCC unroll 3
+            for (int k = 0; k < I8A_WPLANES; k++) {
+                const __m256i pw = i8a_pword_avx2(planes[h] + k * I8A_PLANE_BYTES, t);
+                acc[h][k][0] = i8a_vdot_avx2(acc[h][k][0], pw, x[0]);
+                acc[h][k][1] = i8a_vdot_avx2(acc[h][k][1], pw, x[1]);
+            }
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < nh; h++) {
+        float sc[I8A_WPLANES];
+        i8a_planes_scales(planes[h], sc);
+        for (int f = 0; f < 2; f++) {
+            __m256 y = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[h][0][f]), _mm256_set1_ps(sc[0]));
+            for (int k = 1; k < I8A_WPLANES; k++)
+                y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[h][k][f]), _mm256_set1_ps(sc[k]), y);
+            _mm256_storeu_ps(o + h * d + I8A_NIB_BLOCK * b + 8 * e + 16 * (size_t)f,
+                             _mm256_add_ps(y, _mm256_set1_ps(vmin[h])));
+        }
+    }
+}
+
+/* The V pass at 4 bits over the nq heads of a chunk: pairs of heads, then a head left alone,
+ * each a half block (16 dimensions) at a time. */
+static inline void i8a_v4pass_avx2(float *scratch, size_t nq, const i8a_span *kv, size_t d, float *o)
+{
+    const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n), blocks = d / I8A_NIB_BLOCK;
+    size_t j = 0;
+    for (; j + 2 <= nq; j += 2) {
+        const uint8_t *planes[2] = {i8a_planes_at(scratch, nq, j), i8a_planes_at(scratch, nq, j + 1)};
+        const float vmin[2] = {*i8a_vmin_sum_at(scratch, nq, j), *i8a_vmin_sum_at(scratch, nq, j + 1)};
+        for (size_t b = 0; b < blocks; b++)
+            for (size_t e = 0; e < 2; e++)
+                i8a_v4tiles_block_avx2(planes, vmin, 2, kv->v4, tiles, d, b, e, o + j * d);
+    }
+    if (j < nq) {
+        const uint8_t *planes[2] = {i8a_planes_at(scratch, nq, j), NULL};
+        const float vmin[2] = {*i8a_vmin_sum_at(scratch, nq, j), 0.0f};
+        for (size_t b = 0; b < blocks; b++)
+            for (size_t e = 0; e < 2; e++)
+                i8a_v4tiles_block_avx2(planes, vmin, 1, kv->v4, tiles, d, b, e, o + j * d);
+    }
+}
+
+/* attend4 (dispatch.h) in attend's order: K at 8 bits by attend's dots, at 4 bits group by
+ * group; the softmax, V's minima, the planes; the V pass of the side's width. */
+static void i8a_attend4_avx2(const i8a_query *q, const i8a_span *kv, float *scratch,
+                             const i8a_state *out)
+{
+    const size_t d = q->d, n = kv->n, nq = q->nq;
+    uint8_t *extra = (uint8_t *)(scratch + 2 * nq * I8A_CHUNK);
+    int32_t *dh = (int32_t *)(scratch + nq * I8A_CHUNK), *dl = (int32_t *)scratch;
+    if (!kv->k4)
+        i8a_kdots_avx2(q, kv, dh, dl);
+    for (size_t j = 0; j < nq; j++) {
+        float *p = scratch + j * I8A_CHUNK;
+        float m;
+        if (!kv->k4)
+            m = i8a_logits_avx2(dh + j * I8A_CHUNK, dl + j * I8A_CHUNK, q->c_hi[j],
+                                q->two_planes ? q->c_lo[j] : 0.0f, q->two_planes, q->bias[j],
+                                q->softcap, q->inv_softcap, kv->ks, n, p);
+        else if (q->two_planes)
+            m = i8a_k4_logits_avx2(q, kv, j, p, extra, I8A_K4_QPLANES);
+        else
+            m = i8a_k4_logits_avx2(q, kv, j, p, extra, 1);
+        for (size_t s = n; s < i8a_round16(n); s++)
+            p[s] = 0.0f;
+        out->m[j] = m;
+        out->l[j] = i8a_softmax_avx2(p, n, m);
+        if (kv->v4)
+            *i8a_vmin_sum_at(scratch, nq, j) = i8a_vmin_sum_avx2(p, kv->v4_min, n);
+        size_t s = 0;
+        for (; s + 8 <= n; s += 8)
+            _mm256_store_ps(p + s, _mm256_mul_ps(_mm256_load_ps(p + s), _mm256_loadu_ps(kv->vs + s)));
+        for (; s < n; s++)
+            p[s] = p[s] * kv->vs[s];
+        i8a_planes_avx2(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j));
+    }
+    if (kv->v4) {
+        i8a_v4pass_avx2(scratch, nq, kv, d, out->o);
+        return;
+    }
+    size_t j = 0, pf_n = kv->next_n;
+    for (; j + 2 <= nq; j += 2, pf_n = 0)
+        i8a_vtiles_group_avx2(scratch, nq, j, 2, kv, d, out->o, pf_n);
+    if (j < nq)
+        i8a_vtiles_group_avx2(scratch, nq, j, 1, kv, d, out->o, pf_n);
 }
 
 static void i8a_merge_avx2(const i8a_state *run, const i8a_state *chunk, size_t d)
@@ -560,12 +846,8 @@ static float i8a_half_row_avx2(const float *x, size_t d, uint16_t *h)
     return ldexpf(1.0f, e);
 }
 
-/* The recent window's two loops (common.h's order), halves widened by F16C (exact); a lane
- * sum of 16 is two vectors, lanes 0-7 and 8-15. */
-static inline __m256 i8a_halves8_avx2(const uint16_t *h)
-{
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
-}
+/* The recent window's two loops (common.h's order), halves widened by i8a_halves8 (above); a
+ * lane sum of 16 is two vectors, lanes 0-7 and 8-15. */
 
 static void i8a_dots4_avx2(const float *q, const uint16_t *const *k, size_t d, float *dot)
 {

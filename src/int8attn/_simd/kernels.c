@@ -31,7 +31,7 @@ const i8a_kernels i8a_tiers[] = {
 #endif
 #ifdef I8A_HAVE_NEON_DOTPROD
     {"neon_dotprod", I8A_CPU_NEON | I8A_CPU_DOTPROD, i8a_quantize_row_neon,
-     i8a_attend_neon_dotprod, i8a_attend4_neon, i8a_merge_neon, i8a_rotate_neon, i8a_attend_float_neon,
+     i8a_attend_neon_dotprod, i8a_attend4_neon_dotprod, i8a_merge_neon, i8a_rotate_neon, i8a_attend_float_neon,
      i8a_half_row_neon},
 #endif
 #ifdef I8A_HAVE_NEON

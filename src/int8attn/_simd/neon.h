@@ -127,6 +127,12 @@ I8A_INLINE float32x4_t i8a_softcap4_neon(float32x4_t l, float cap, float inv_cap
     return vmulq_n_f32(vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(t), sign)), cap);
 }
 
+/* Four halves widened (exact). */
+static inline float32x4_t i8a_halves4_neon(const uint16_t *h)
+{
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h)));
+}
+
 /* The 16 lane sums of a[0..3] (lanes 4r .. 4r + 3 in a[r]) folded into one: lanes i + 8, then
  * i + 4, i + 2, i + 1 (the halving order of i8a_reduce_lanes). */
 I8A_INLINE float i8a_fold16_neon(const float32x4_t a[4])
@@ -386,11 +392,268 @@ static void i8a_attend_neon(const i8a_query *q, const i8a_span *kv, float *scrat
     i8a_attend_with_neon(i8a_dot16_neon, i8a_vpass_neon, q, kv, scratch, out);
 }
 
-/* attend4: common.h's body (the 4-bit passes in plain C for now). */
-static void i8a_attend4_neon(const i8a_query *q, const i8a_span *kv, float *scratch,
-                          const i8a_state *out)
+/* -- attend4: the sides at 4 bits (dispatch.h), for both aarch64 tiers ------------------- */
+
+/* common.h's i8a_k4_query on 4 lanes: the steps and minima widened (exact), the planes' bytes
+ * by vcvtn (nearest even) clamped as integers, the bias in dot16's order (four vectors of the
+ * sixteen lanes, folded). */
+I8A_INLINE void i8a_k4_query_neon(const float *qs, const uint16_t *h_min, float min_scale,
+                                  const uint16_t *h_step, float step_scale, size_t d, int planes,
+                                  int8_t *q, float *c, float *bias, float *r)
 {
-    i8a_attend4_body(q, kv, scratch, out);
+    float32x4_t acc[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+    float32x4_t most = vdupq_n_f32(0.0f);
+    for (size_t i = 0; i < d; i += 16) {
+#pragma GCC unroll 4
+        for (int b = 0; b < 4; b++) {
+            const float32x4_t x = vld1q_f32(qs + i + 4 * b);
+            const float32x4_t y = vmulq_f32(x, vmulq_n_f32(i8a_halves4_neon(h_step + i + 4 * b), step_scale));
+            vst1q_f32(r + i + 4 * b, y);
+            most = vmaxq_f32(most, vabsq_f32(y));
+            acc[b] = vaddq_f32(acc[b], vmulq_f32(x, i8a_halves4_neon(h_min + i + 4 * b)));
+        }
+    }
+    float inv[I8A_K4_QPLANES];
+    i8a_k4_scales(vmaxvq_f32(most), planes, c, inv);
+    const int32x4_t lo = vdupq_n_s32(-127), hi = vdupq_n_s32(127);
+    for (size_t i = 0; i < d; i += 8) {
+        float32x4_t x0 = vld1q_f32(r + i), x1 = vld1q_f32(r + i + 4);
+        for (int k = 0; k < planes; k++) {
+            const int32x4_t b0 = vminq_s32(vmaxq_s32(vcvtnq_s32_f32(vmulq_n_f32(x0, inv[k])), lo), hi);
+            const int32x4_t b1 = vminq_s32(vmaxq_s32(vcvtnq_s32_f32(vmulq_n_f32(x1, inv[k])), lo), hi);
+            const int16x8_t b01 = vcombine_s16(vmovn_s32(b0), vmovn_s32(b1));
+            vst1_s8(q + (size_t)k * I8A_MAX_HEAD_DIM + i, vmovn_s16(b01));
+            x0 = vsubq_f32(x0, vmulq_n_f32(vcvtq_f32_s32(b0), c[k]));
+            x1 = vsubq_f32(x1, vmulq_n_f32(vcvtq_f32_s32(b1), c[k]));
+        }
+    }
+    *bias = i8a_fold16_neon(acc) * min_scale;
+}
+
+/* Exact dots of NP q planes ([NP][I8A_MAX_HEAD_DIM], natural order: a 16-byte block of a row
+ * unpacks to channels 32 b .. + 15 in its low nibbles and 32 b + 16 .. + 31 in its high ones,
+ * the planes' bytes at 32 b and 32 b + 16) with rows [0, n) of K at 4 bits, four rows at a
+ * time, with the given 16-byte dot step: dot[k * I8A_K4_GROUP + s]. NP is a constant. */
+I8A_INLINE void i8a_k4dots_with_neon(i8a_dot16_neon_fn dot16, const uint8_t *k4, size_t n,
+                                     size_t d, const int8_t *planes, int np, int32_t *dot)
+{
+    const uint8x16_t nib = vdupq_n_u8(15);
+    for (size_t s = 0; s < n; s += 4) {
+        const uint8_t *r[4];
+        for (int u = 0; u < 4; u++)
+            r[u] = k4 + (s + (size_t)u < n ? s + (size_t)u : n - 1) * (d / 2);
+        int32x4_t acc[4][I8A_K4_QPLANES];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++)
+#pragma GCC unroll 3
+            for (int k = 0; k < np; k++)
+                acc[u][k] = vdupq_n_s32(0);
+#pragma GCC unroll 1
+        for (size_t j = 0; j < d / 2; j += 16) {     /* (unrolled, GCC 12 spills) */
+            int8x16_t cl[4], ch[4];
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) {
+                const uint8x16_t x = vld1q_u8(r[u] + j);
+                cl[u] = vreinterpretq_s8_u8(vandq_u8(x, nib));
+                ch[u] = vreinterpretq_s8_u8(vshrq_n_u8(x, 4));
+            }
+#pragma GCC unroll 3
+            for (int k = 0; k < np; k++) {
+                const int8x16_t ql = vld1q_s8(planes + (size_t)k * I8A_MAX_HEAD_DIM + 2 * j);
+                const int8x16_t qh = vld1q_s8(planes + (size_t)k * I8A_MAX_HEAD_DIM + 2 * j + 16);
+#pragma GCC unroll 4
+                for (int u = 0; u < 4; u++)
+                    acc[u][k] = dot16(dot16(acc[u][k], ql, cl[u]), qh, ch[u]);
+            }
+        }
+#pragma GCC unroll 3
+        for (int k = 0; k < np; k++) {
+            int32_t four[4];      /* pairwise adds leave the four row sums in order */
+            vst1q_s32(four, vpaddq_s32(vpaddq_s32(acc[0][k], acc[1][k]), vpaddq_s32(acc[2][k], acc[3][k])));
+            for (size_t u = 0; u < 4 && s + u < n; u++)
+                dot[(size_t)k * I8A_K4_GROUP + s + u] = four[u];
+        }
+    }
+}
+
+/* p [n] = i8a_logit4 of NP plane dots, four at a time (the rest one by one); returns their max
+ * (-FLT_MAX for none). */
+I8A_INLINE float i8a_logits4_neon(const int32_t *dot, const float *c, int np, float bias,
+                                  float cap, float inv_cap, size_t n, float *p)
+{
+    float32x4_t vmax = vdupq_n_f32(-FLT_MAX);
+    size_t s = 0;
+    for (; s + 4 <= n; s += 4) {
+        float32x4_t lg = vmulq_n_f32(vcvtq_f32_s32(vld1q_s32(dot + s)), c[0]);
+#pragma GCC unroll 3
+        for (int k = 1; k < np; k++)
+            lg = vfmaq_n_f32(lg, vcvtq_f32_s32(vld1q_s32(dot + (size_t)k * I8A_K4_GROUP + s)), c[k]);
+        lg = vaddq_f32(lg, vdupq_n_f32(bias));
+        if (cap > 0.0f)
+            lg = i8a_softcap4_neon(lg, cap, inv_cap);
+        vst1q_f32(p + s, lg);
+        vmax = vmaxq_f32(vmax, lg);
+    }
+    float m = vmaxvq_f32(vmax);
+    for (; s < n; s++) {
+        int32_t one[I8A_K4_QPLANES];
+        for (int k = 0; k < np; k++)
+            one[k] = dot[(size_t)k * I8A_K4_GROUP + s];
+        p[s] = i8a_logit4(one, c, np, bias, cap, inv_cap);
+        m = p[s] > m ? p[s] : m;
+    }
+    return m;
+}
+
+/* The logits of query head j against the span's K rows at 4 bits, group by group; returns
+ * their max. extra: I8A_ATTEND4_EXTRA bytes. */
+I8A_INLINE float i8a_k4_logits_with_neon(i8a_dot16_neon_fn dot16, const i8a_query *q,
+                                         const i8a_span *kv, size_t j, float *p, uint8_t *extra,
+                                         int np)
+{
+    const size_t d = q->d, n = kv->n;
+    int8_t *planes = (int8_t *)extra;
+    float *r = (float *)(extra + I8A_K4_QPLANES * I8A_MAX_HEAD_DIM);
+    int32_t *dot = (int32_t *)(r + I8A_MAX_HEAD_DIM);
+    float m = -FLT_MAX;
+    size_t s = 0;
+    for (size_t grp = 0; s < n; grp++) {
+        const size_t end = (grp + 1) * I8A_K4_GROUP - kv->k4_lead, rows = (end < n ? end : n) - s;
+        float c[I8A_K4_QPLANES], bias;
+        i8a_k4_query_neon(q->q_float + j * d, kv->k4_min + grp * d, kv->k4_min_scale[grp],
+                          kv->k4_step + grp * d, kv->k4_step_scale[grp], d, np, planes, c, &bias, r);
+        i8a_k4dots_with_neon(dot16, kv->k4 + s * (d / 2), rows, d, planes, np, dot);
+        const float gm = i8a_logits4_neon(dot, c, np, bias, q->softcap, q->inv_softcap, rows, p + s);
+        m = gm > m ? gm : m;
+        s += rows;
+    }
+    return m;
+}
+
+/* The 16-lane sum (common.h's order) of p[s] * vmin[s] for s < n: V's minima at 4 bits. */
+I8A_INLINE float i8a_vmin_sum_neon(const float *p, const float *vmin, size_t n)
+{
+    float32x4_t acc[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+    size_t s = 0;
+    for (; s + 4 <= n; s += 4)
+        acc[s / 4 % 4] = vaddq_f32(acc[s / 4 % 4], vmulq_f32(vld1q_f32(p + s), vld1q_f32(vmin + s)));
+    float lane[I8A_SUM_LANES];
+    for (int b = 0; b < 4; b++)
+        vst1q_f32(lane + 4 * b, acc[b]);
+    for (; s < n; s++)
+        lane[s % I8A_SUM_LANES] = lane[s % I8A_SUM_LANES] + p[s] * vmin[s];
+    return i8a_reduce_lanes(lane);
+}
+
+/* The neon tier's V pass at 4 bits: codes unpacked to the int8 tile layout (a 16-byte load of
+ * a tile's 32-dimension block: dimensions 32 b + 4 m .. + 3 in the low nibbles, 32 b + 16 + 4 m
+ * .. + 3 in the high ones, m the load's place in the block), then SMULL and SMLAL over two
+ * tiles, one head at a time, four loads (32 dimensions) a block; o = i8a_v_out(S) + the head's
+ * vmin sum. */
+I8A_INLINE void i8a_v4pass_neon(float *scratch, size_t nq, const i8a_span *kv, size_t d,
+                                float *o)
+{
+    const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n);
+    const uint8x16_t nib = vdupq_n_u8(15);
+    for (size_t j = 0; j < nq; j++) {
+        const uint8_t *slot = i8a_planes_at(scratch, nq, j);
+        const float vmin = *i8a_vmin_sum_at(scratch, nq, j);
+        float sc[I8A_WPLANES];
+        i8a_planes_scales(slot, sc);
+        for (size_t b = 0; b < d / I8A_NIB_BLOCK; b++) {
+            for (size_t m = 0; m < 4; m += 2) {             /* two loads: 16 dimensions */
+                int32x4_t acc[I8A_WPLANES][4][2];
+#pragma GCC unroll 3
+                for (int k = 0; k < I8A_WPLANES; k++)
+#pragma GCC unroll 4
+                    for (int u = 0; u < 4; u++)
+                        acc[k][u][0] = acc[k][u][1] = vdupq_n_s32(0);
+                for (size_t t = 0; t < tiles; t += 2) {
+                    const int two = t + 1 < tiles;
+                    int8x16_t x0[4], x1[4];      /* [lo m, hi m, lo m+1, hi m+1] */
+#pragma GCC unroll 2
+                    for (int e = 0; e < 2; e++) {
+                        const uint8_t *at = kv->v4 + t * 2 * d + 64 * b + 16 * (m + (size_t)e);
+                        const uint8x16_t a = vld1q_u8(at);
+                        x0[2 * e] = vreinterpretq_s8_u8(vandq_u8(a, nib));
+                        x0[2 * e + 1] = vreinterpretq_s8_u8(vshrq_n_u8(a, 4));
+                        const uint8x16_t c2 = two ? vld1q_u8(at + 2 * d) : vdupq_n_u8(0);
+                        x1[2 * e] = vreinterpretq_s8_u8(vandq_u8(c2, nib));
+                        x1[2 * e + 1] = vreinterpretq_s8_u8(vshrq_n_u8(c2, 4));
+                    }
+#pragma GCC unroll 3
+                    for (int k = 0; k < I8A_WPLANES; k++) {
+                        const uint8_t *pw = slot + k * I8A_PLANE_BYTES + I8A_V_TILE * t;
+                        const int8x16_t w0 = vreinterpretq_s8_u32(vld1q_dup_u32((const uint32_t *)pw));
+                        const int8x16_t w1 = vreinterpretq_s8_u32(vld1q_dup_u32((const uint32_t *)(pw + 4)));
+#pragma GCC unroll 4
+                        for (int u = 0; u < 4; u++) {
+                            int16x8_t lo = vmull_s8(vget_low_s8(x0[u]), vget_low_s8(w0));
+                            int16x8_t hi = vmull_high_s8(x0[u], w0);
+                            lo = vmlal_s8(lo, vget_low_s8(x1[u]), vget_low_s8(w1));
+                            hi = vmlal_high_s8(hi, x1[u], w1);
+                            acc[k][u][0] = vpadalq_s16(acc[k][u][0], lo);
+                            acc[k][u][1] = vpadalq_s16(acc[k][u][1], hi);
+                        }
+                    }
+                }
+                /* x0[u] covers dims: u even: 32 b + 4 (m + u/2) .., u odd: + 16 */
+#pragma GCC unroll 4
+                for (int u = 0; u < 4; u++) {
+                    int32x4_t sums[I8A_WPLANES];
+                    for (int k = 0; k < I8A_WPLANES; k++)
+                        sums[k] = vpaddq_s32(acc[k][u][0], acc[k][u][1]);
+                    const size_t dim = I8A_NIB_BLOCK * b + 4 * (m + (size_t)(u / 2)) + (u % 2 ? 16 : 0);
+                    vst1q_f32(o + j * d + dim, vaddq_f32(i8a_v_out4_neon(sums, sc), vdupq_n_f32(vmin)));
+                }
+            }
+        }
+    }
+}
+
+/* attend4 of both aarch64 tiers (dispatch.h): K at 8 bits by attend's dots, at 4 bits group
+ * by group with the given dot step; the softmax, V's minima, the planes; the V pass of the
+ * side's width (vpass8, vpass4: the tier's). */
+I8A_INLINE void i8a_attend4_with_neon(i8a_dot16_neon_fn dot16, i8a_vpass_neon_fn vpass8,
+                                      i8a_vpass_neon_fn vpass4, const i8a_query *q,
+                                      const i8a_span *kv, float *scratch, const i8a_state *out)
+{
+    const size_t d = q->d, n = kv->n, nq = q->nq;
+    uint8_t *extra = (uint8_t *)(scratch + 2 * nq * I8A_CHUNK);
+    int32_t *dh = (int32_t *)(scratch + nq * I8A_CHUNK), *dl = (int32_t *)scratch;
+    if (!kv->k4)
+        i8a_kdots_with_neon(dot16, q, kv, dh, dl);
+    for (size_t j = 0; j < nq; j++) {
+        float *p = scratch + j * I8A_CHUNK;
+        float m;
+        if (!kv->k4)
+            m = i8a_logits_neon(dh + j * I8A_CHUNK, dl + j * I8A_CHUNK, q->c_hi[j],
+                                q->two_planes ? q->c_lo[j] : 0.0f, q->two_planes, q->bias[j],
+                                q->softcap, q->inv_softcap, kv->ks, n, p);
+        else if (q->two_planes)
+            m = i8a_k4_logits_with_neon(dot16, q, kv, j, p, extra, I8A_K4_QPLANES);
+        else
+            m = i8a_k4_logits_with_neon(dot16, q, kv, j, p, extra, 1);
+        for (size_t s = n; s < i8a_round16(n); s++)
+            p[s] = 0.0f;
+        out->m[j] = m;
+        out->l[j] = i8a_softmax_neon(p, n, m);
+        if (kv->v4)
+            *i8a_vmin_sum_at(scratch, nq, j) = i8a_vmin_sum_neon(p, kv->v4_min, n);
+        size_t s = 0;
+        for (; s + 4 <= n; s += 4)
+            vst1q_f32(p + s, vmulq_f32(vld1q_f32(p + s), vld1q_f32(kv->vs + s)));
+        for (; s < n; s++)
+            p[s] = p[s] * kv->vs[s];
+        i8a_planes_neon(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j));
+    }
+    (kv->v4 ? vpass4 : vpass8)(scratch, nq, kv, d, out->o);
+}
+
+static void i8a_attend4_neon(const i8a_query *q, const i8a_span *kv, float *scratch,
+                             const i8a_state *out)
+{
+    i8a_attend4_with_neon(i8a_dot16_neon, i8a_vpass_neon, i8a_v4pass_neon, q, kv, scratch, out);
 }
 
 static void i8a_merge_neon(const i8a_state *run, const i8a_state *chunk, size_t d)
@@ -499,10 +762,6 @@ static float i8a_half_row_neon(const float *x, size_t d, uint16_t *h)
 
 /* The recent window's two loops (common.h's order), halves widened by fcvtl (exact); a lane
  * sum of 16 is four vectors of 4 lanes. */
-static inline float32x4_t i8a_halves4_neon(const uint16_t *h)
-{
-    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h)));
-}
 
 static void i8a_dots4_neon(const float *q, const uint16_t *const *k, size_t d, float *dot)
 {
