@@ -17,6 +17,7 @@ from int8attn import _bench
 from int8attn._bench import Case
 
 SEED = [512, 2048, 8192]
+FOUR = [(4, 4), (8, 4), (4, 8)]
 
 
 def full_cases():
@@ -33,6 +34,10 @@ def full_cases():
     cases += [Case("int8attn", 32, 8, 128, s, regime) for s in (2048, 8192)
               for regime in ("hot", "cold")]
     cases += [Case("int8attn", 8, 8, 128, 8192, "cold")]  # the 8/8 twin of GQA cold, named alike
+    for k_bits, v_bits in FOUR:                 # KVCache with a side at 4 bits (issue 18)
+        cases += [Case("int8attn", 8, 8, 128, s, regime, k_bits=k_bits, v_bits=v_bits)
+                  for s, regime in ((2048, "hot"), (8192, "hot"), (8192, "cold"), (32768, "cold"))]
+    cases += [Case("int8attn", 32, 8, 128, 8192, "hot", k_bits=4, v_bits=4)]
     for t in range(1, n + 1):
         cases += [Case("int8attn", 8, 8, 128, s, regime, threads=t)
                   for s, regime in ((512, "hot"), (8192, "hot"), (8192, "cold"))]
@@ -48,7 +53,8 @@ def quick_cases():
     cases = [Case("int8attn", 8, 8, 128, s, "hot") for s in SEED]
     cases += [Case("int8attn", 8, 8, 128, 8192, "cold"), Case("int8attn", 32, 8, 128, 8192, "hot"),
               Case("int8attn", 8, 8, 128, 8192, "hot", threads=1),
-              Case("numpy-fp32", 8, 8, 128, 2048, "hot")]
+              Case("numpy-fp32", 8, 8, 128, 2048, "hot"),
+              Case("int8attn", 8, 8, 128, 8192, "hot", k_bits=4, v_bits=4)]
     if _bench.torch_available():
         cases += [Case("torch-fp32", 8, 8, 128, 8192, "cold")]
     return cases
@@ -95,7 +101,8 @@ def print_rotation(results, default_tier, costs=()):
             continue
         rotated = find_tier(results, c["tier"], default_tier, impl="int8attn", h=c["h"],
                             hkv=c["hkv"], d=c["d"], tokens=c["tokens"], regime=c["regime"],
-                            q_bits=c["q_bits"], threads=c["threads"], rotate=True)
+                            q_bits=c["q_bits"], threads=c["threads"], rotate=True, k_bits=8,
+                            v_bits=8)
         if rotated:
             rows.append((c["tokens"], rotated, r))
     if rows:
@@ -140,9 +147,10 @@ def print_targets(results, default_tier, contention=()):
             lines.append((f"busy {r['busy']}, {r['tokens']} tokens: default threads at most 1.5x "
                           f"one thread", r["ratio"], r["ratio"] <= 1.5))
 
-    def ours(tokens, regime, h=8):
+    def ours(tokens, regime, h=8, bits=(8, 8)):
         return find_tier(results, "", default_tier, impl="int8attn", h=h, tokens=tokens,
-                         regime=regime, q_bits=16, threads=0, rotate=True)
+                         regime=regime, q_bits=16, threads=0, rotate=True, k_bits=bits[0],
+                         v_bits=bits[1])
 
     def frac(tokens, regime):
         r = ours(tokens, regime)
@@ -169,6 +177,16 @@ def print_targets(results, default_tier, contention=()):
         if g and b:
             x = g["time"]["median"] / b["time"]["median"]
             lines.append((f"{regime} 8192: GQA 32/8 within 1.3x of 8/8", x, x <= 1.3))
+    # issue 18: the 4-bit cache against the int8 one
+    eight = ia.Int8KVCache(8, 8192, 128).nbytes
+    four = ia.KVCache(8, 8192, 128, k_bits=4, v_bits=4).nbytes
+    lines.append(("nbytes of 4/4 at 8192 tokens (Hkv 8, D 128) <= 0.6x of 8/8", four / eight,
+                  four <= 0.6 * eight))
+    for s, regime, most in ((32768, "cold", 0.65), (2048, "hot", 1.0), (8192, "hot", 1.0)):
+        g, b = ours(s, regime, bits=(4, 4)), ours(s, regime)
+        if g and b:
+            x = g["time"]["median"] / b["time"]["median"]
+            lines.append((f"{regime} {s}: 4/4 at most {most}x the time of 8/8", x, x <= most))
     if lines:
         print("\ntargets (medians of this run):")
         for text, value, ok in lines:

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from . import (FORMATS, Int8KVCache, __version__, get_num_threads, isa, set_num_threads,
+from . import (FORMATS, Int8KVCache, KVCache, __version__, get_num_threads, isa, set_num_threads,
                supported_isas)
 from . import _cache
 from .reference import attention
@@ -43,6 +43,8 @@ class Case:
     threads: int = 0        # 0 = the default thread count
     rotate: bool = True     # int8attn only: the default format (rotated, position 0 and the
                             # recent window kept as floats); False: the seed's plain format
+    k_bits: int = 8         # int8attn only: a KVCache with K and V at these bits (8 or 4)
+    v_bits: int = 8
 
     @property
     def name(self):
@@ -51,12 +53,17 @@ class Case:
                  self.regime]
         if self.impl == "int8attn":
             parts += [f"q{self.q_bits}", self.tier or "default"] + ([] if self.rotate else ["plain"])
+            if (self.k_bits, self.v_bits) != (8, 8):
+                parts.append(f"k{self.k_bits}v{self.v_bits}")
         parts.append(f"t{self.threads}" if self.threads else "tdefault")
         return "/".join(parts)
 
 
 def _cache_for(case):
-    """An empty cache of the case's format: the default, or the seed's plain one."""
+    """An empty cache of the case's format: the default, or the seed's plain one; a KVCache with
+    the case's bits (its defaults otherwise) when a side is at 4 bits."""
+    if (case.k_bits, case.v_bits) != (8, 8):
+        return KVCache(case.hkv, case.tokens, case.d, k_bits=case.k_bits, v_bits=case.v_bits)
     return Int8KVCache(case.hkv, case.tokens, case.d,
                        **FORMATS["default" if case.rotate else "plain"])
 
@@ -64,6 +71,16 @@ def _cache_for(case):
 def int8_bytes(hkv, tokens, d):
     """Bytes a decode reads: K and V codes plus their float32 scales, every kv head and token."""
     return 2 * hkv * tokens * (d + 4)
+
+
+def cache_bytes(case):
+    """Bytes a decode of the case's cache reads: int8_bytes, or at 4 bits half a byte a code
+    plus K's group minima and steps (two halves per channel and 32 positions) and V's minimum
+    and step per row (float32 each)."""
+    hkv, n, d = case.hkv, case.tokens, case.d
+    k = n * (d + 4) if case.k_bits == 8 else n * d // 2 + -(-n // 32) * 4 * d
+    v = n * (d + 4) if case.v_bits == 8 else n * (d // 2 + 8)
+    return hkv * (k + v)
 
 
 def llc_bytes():
@@ -131,7 +148,7 @@ def _setting(get, set_, value):
 
 def run_int8attn(case, budget, rng):
     k, v, q = _data(case, rng)
-    nbytes = int8_bytes(case.hkv, case.tokens, case.d)
+    nbytes = cache_bytes(case)
     copies = cold_copies(nbytes) if case.regime == "cold" else 1
     caches = []
     for _ in range(copies):
