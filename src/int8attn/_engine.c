@@ -872,6 +872,30 @@ static i8a_span span_rows(const i8a_cache *c, size_t g, size_t a, size_t b)
     return span;
 }
 
+/* The next item's rows as span's prefetch hint: its K and V bytes, at 8 or 4 bits (the
+ * kernels read them at the span's own widths: a window item's halves are two rows of codes). */
+static void hint_next(i8a_span *span, const i8a_span *next)
+{
+    span->next_k = next->k4 ? (const int8_t *)next->k4 : next->k;
+    span->next_v = next->v4 ? (const int8_t *)next->v4 : next->v;
+    span->next_n = next->n;
+}
+
+/* What the next item reads besides its codes at 4 bits, into the caches ahead of it: K's group
+ * minima and steps, V's minima and steps (the kernels prefetch the codes themselves). */
+static void prefetch_four(const i8a_cache *c, const i8a_span *next)
+{
+    if (next->k4 && next->n) {
+        const size_t groups = (next->k4_lead + next->n + I8A_K4_GROUP - 1) / I8A_K4_GROUP;
+        i8a_prefetch_rows(next->k4_min, groups * c->head_dim * sizeof(uint16_t));
+        i8a_prefetch_rows(next->k4_step, groups * c->head_dim * sizeof(uint16_t));
+    }
+    if (next->v4 && next->n) {
+        i8a_prefetch_rows(next->v4_min, next->n * sizeof(float));
+        i8a_prefetch_rows(next->vs, next->n * sizeof(float));
+    }
+}
+
 /* The first coded position of chunk `chunk`. */
 static size_t chunk_start(const i8a_cache *c, size_t chunk)
 {
@@ -1079,9 +1103,11 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
             next = chunk_span(c, then / nvis, visible_chunk(&job->L.runs, then % nvis));
         else if (then < items)
             next = window_span(c, then - chunks);
+        if (has_four(c))
+            prefetch_four(c, &next);
         if (whole) {
             i8a_span span = whole_span;
-            span.next_k = next.k, span.next_v = next.v, span.next_n = next.n;
+            hint_next(&span, &next);
             const i8a_query q = query_at(job, g, 0, rows);
             const i8a_state st = state_at(job, g, vi, job->L.parts - 1, 0);
             I8A_EXPECT(span.n >= 1 && span.n <= I8A_CHUNK && q.nq >= 1);
@@ -1096,7 +1122,7 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
                     if (a >= b)
                         continue;
                     i8a_span span = span_rows(c, g, a, b);
-                    span.next_k = next.k, span.next_v = next.v, span.next_n = next.n;
+                    hint_next(&span, &next);
                     const i8a_query q = query_at(job, g, tt * nq, nq);
                     const i8a_state st = state_at(job, g, vi, job->L.parts == 2 ? k : 0, tt * nq);
                     I8A_EXPECT(span.n >= 1 && span.n <= I8A_CHUNK);

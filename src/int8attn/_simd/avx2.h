@@ -594,6 +594,8 @@ I8A_INLINE float i8a_k4_logits_avx2(const i8a_query *q, const i8a_span *kv, size
                           kv->k4_step + grp * d, kv->k4_step_scale[grp], d, np, planes, c, &bias, r);
         for (int k = 0; k < np; k++)
             i8a_k4_order_avx2(planes + k * I8A_MAX_HEAD_DIM, d, lo + k * half, hi + k * half);
+        if (j == 0 && s < kv->next_n)   /* the next chunk's K, a group's rows at a time */
+            i8a_prefetch_rows(kv->next_k + s * (d / 2), (kv->next_n - s < rows ? kv->next_n - s : rows) * (d / 2));
         i8a_k4dots_avx2(kv->k4 + s * (d / 2), rows, d, lo, hi, np, dot);
         const float gm = i8a_logits4_avx2(dot, c, np, bias, q->softcap, q->inv_softcap, rows, p + s);
         m = gm > m ? gm : m;
@@ -620,10 +622,11 @@ static inline float i8a_vmin_sum_avx2(const float *p, const float *vmin, size_t 
 /* The integer V pass at 4 bits of NH heads (1 or 2) over one 32-byte half (e) of a tile's
  * 32-dimension block b: it unpacks to dimensions 32 b + 8 e .. + 7 (low nibbles) and 32 b + 16
  * + 8 e .. + 7 (high ones) in the int8 tile's layout; i8a_vdot_avx2 per plane and head; then
- * o = i8a_v_out(S) + the head's vmin sum. NH is a constant at every call. */
+ * o = i8a_v_out(S) + the head's vmin sum. The tiles of pf_n rows of pf (the next chunk's V)
+ * are prefetched. NH is a constant at every call. */
 I8A_INLINE void i8a_v4tiles_block_avx2(const uint8_t *const *planes, const float *vmin, int nh,
                                        const uint8_t *v4, size_t tiles, size_t d, size_t b,
-                                       size_t e, float *o)
+                                       size_t e, float *o, const int8_t *pf, size_t pf_n)
 {
     const __m256i nib = _mm256_set1_epi8(0x0f);
     __m256i acc[2][I8A_WPLANES][2];
@@ -633,6 +636,8 @@ I8A_INLINE void i8a_v4tiles_block_avx2(const uint8_t *const *planes, const float
         for (int k = 0; k < I8A_WPLANES; k++)
             acc[h][k][0] = acc[h][k][1] = _mm256_setzero_si256();
     for (size_t t = 0; t < tiles; t++) {
+        if (I8A_V_TILE * t < pf_n)              /* the next chunk's V, a tile at a time */
+            i8a_prefetch_rows(pf + t * 2 * d, 2 * d);
         const __m256i raw = _mm256_loadu_si256((const __m256i *)(v4 + t * 2 * d + 64 * b + 32 * e));
         const __m256i x[2] = {_mm256_and_si256(raw, nib), _mm256_and_si256(_mm256_srli_epi16(raw, 4), nib)};
 #pragma GCC unroll 2
@@ -663,20 +668,22 @@ I8A_INLINE void i8a_v4tiles_block_avx2(const uint8_t *const *planes, const float
 static inline void i8a_v4pass_avx2(float *scratch, size_t nq, const i8a_span *kv, size_t d, float *o)
 {
     const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n), blocks = d / I8A_NIB_BLOCK;
-    size_t j = 0;
-    for (; j + 2 <= nq; j += 2) {
-        const uint8_t *planes[2] = {i8a_planes_at(scratch, nq, j), i8a_planes_at(scratch, nq, j + 1)};
-        const float vmin[2] = {*i8a_vmin_sum_at(scratch, nq, j), *i8a_vmin_sum_at(scratch, nq, j + 1)};
+    size_t j = 0, pf_n = kv->next_n;   /* the first block prefetches the next chunk's V */
+    for (; j < nq; j += 2) {
+        const int nh = j + 2 <= nq ? 2 : 1;
+        const uint8_t *planes[2] = {i8a_planes_at(scratch, nq, j),
+                                    i8a_planes_at(scratch, nq, j + (size_t)nh - 1)};
+        const float vmin[2] = {*i8a_vmin_sum_at(scratch, nq, j),
+                               *i8a_vmin_sum_at(scratch, nq, j + (size_t)nh - 1)};
         for (size_t b = 0; b < blocks; b++)
-            for (size_t e = 0; e < 2; e++)
-                i8a_v4tiles_block_avx2(planes, vmin, 2, kv->v4, tiles, d, b, e, o + j * d);
-    }
-    if (j < nq) {
-        const uint8_t *planes[2] = {i8a_planes_at(scratch, nq, j), NULL};
-        const float vmin[2] = {*i8a_vmin_sum_at(scratch, nq, j), 0.0f};
-        for (size_t b = 0; b < blocks; b++)
-            for (size_t e = 0; e < 2; e++)
-                i8a_v4tiles_block_avx2(planes, vmin, 1, kv->v4, tiles, d, b, e, o + j * d);
+            for (size_t e = 0; e < 2; e++, pf_n = 0) {
+                if (nh == 2)
+                    i8a_v4tiles_block_avx2(planes, vmin, 2, kv->v4, tiles, d, b, e, o + j * d,
+                                           kv->next_v, pf_n);
+                else
+                    i8a_v4tiles_block_avx2(planes, vmin, 1, kv->v4, tiles, d, b, e, o + j * d,
+                                           kv->next_v, pf_n);
+            }
     }
 }
 

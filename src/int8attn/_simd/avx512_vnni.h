@@ -513,6 +513,8 @@ I8A_INLINE float i8a_k4_logits_avx512_vnni(const i8a_query *q, const i8a_span *k
                                  &bias, tmp);
         for (int k = 0; k < np; k++)
             i8a_k4_order_avx512_vnni(planes + k * I8A_MAX_HEAD_DIM, d, lo + k * half, hi + k * half);
+        if (j == 0 && s < kv->next_n)   /* the next chunk's K, a group's rows at a time */
+            i8a_prefetch_rows(kv->next_k + s * (d / 2), (kv->next_n - s < rows ? kv->next_n - s : rows) * (d / 2));
         i8a_k4dots_avx512_vnni(kv->k4 + s * (d / 2), rows, d, lo, hi, np, dot);
         const float gm = i8a_logits4_avx512_vnni(dot, c, np, bias, q->softcap, q->inv_softcap,
                                                  rows, p + s);
@@ -543,11 +545,12 @@ static inline float i8a_softmax4_avx512_vnni(float *p, const float *vs, const fl
 /* The integer V pass at 4 bits of NH heads (1 or 2) over the 32-dimension blocks [b0, b0 +
  * NB): per tile and block, 64 bytes unpack to two vectors in the int8 tile's layout
  * (dimensions 32 b .. + 15 from the low nibbles, 32 b + 16 .. + 31 from the high ones), one
- * vpdpbusd each per plane and head; then o = i8a_v_out(S) + the head's vmin sum. NH and NB are
- * constants at every call. */
+ * vpdpbusd each per plane and head; then o = i8a_v_out(S) + the head's vmin sum. The tiles of
+ * pf_n rows of pf (the next chunk's V) are prefetched. NH and NB are constants at every call. */
 I8A_INLINE void
 i8a_v4tiles_block_avx512_vnni(const uint8_t *const *planes, const float *vmin, int nh, int nb,
-                              const uint8_t *v4, size_t tiles, size_t d, size_t b0, float *o)
+                              const uint8_t *v4, size_t tiles, size_t d, size_t b0, float *o,
+                              const int8_t *pf, size_t pf_n)
 {
     const __m512i nib = _mm512_set1_epi8(0x0f);
     __m512i acc[2][I8A_WPLANES][4];
@@ -559,6 +562,8 @@ i8a_v4tiles_block_avx512_vnni(const uint8_t *const *planes, const float *vmin, i
             for (int u = 0; u < 2 * nb; u++)
                 acc[h][k][u] = _mm512_setzero_si512();
     for (size_t t = 0; t < tiles; t++) {
+        if (I8A_V_TILE * t < pf_n)              /* the next chunk's V, a tile at a time */
+            i8a_prefetch_rows(pf + t * 2 * d, 2 * d);
         const uint8_t *x = v4 + t * 2 * d + 64 * b0;
         __m512i xv[4];
 #pragma GCC unroll 2
@@ -598,21 +603,24 @@ static inline void i8a_v4pass_avx512_vnni(float *scratch, size_t nq, const i8a_s
                                           float *o)
 {
     const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n), blocks = d / I8A_NIB_BLOCK;
-    size_t j = 0;
+    size_t j = 0, pf_n = kv->next_n;   /* the first block prefetches the next chunk's V */
     for (; j + 2 <= nq; j += 2) {
         const uint8_t *planes[2] = {i8a_planes_at(scratch, nq, j), i8a_planes_at(scratch, nq, j + 1)};
         const float vmin[2] = {*i8a_vmin_sum_at(scratch, nq, j), *i8a_vmin_sum_at(scratch, nq, j + 1)};
-        for (size_t b = 0; b < blocks; b++)
-            i8a_v4tiles_block_avx512_vnni(planes, vmin, 2, 1, kv->v4, tiles, d, b, o + j * d);
+        for (size_t b = 0; b < blocks; b++, pf_n = 0)
+            i8a_v4tiles_block_avx512_vnni(planes, vmin, 2, 1, kv->v4, tiles, d, b, o + j * d,
+                                          kv->next_v, pf_n);
     }
     if (j < nq) {
         const uint8_t *planes[2] = {i8a_planes_at(scratch, nq, j), NULL};
         const float vmin[2] = {*i8a_vmin_sum_at(scratch, nq, j), 0.0f};
         size_t b = 0;
-        for (; b + 2 <= blocks; b += 2)
-            i8a_v4tiles_block_avx512_vnni(planes, vmin, 1, 2, kv->v4, tiles, d, b, o + j * d);
+        for (; b + 2 <= blocks; b += 2, pf_n = 0)
+            i8a_v4tiles_block_avx512_vnni(planes, vmin, 1, 2, kv->v4, tiles, d, b, o + j * d,
+                                          kv->next_v, pf_n);
         if (b < blocks)
-            i8a_v4tiles_block_avx512_vnni(planes, vmin, 1, 1, kv->v4, tiles, d, b, o + j * d);
+            i8a_v4tiles_block_avx512_vnni(planes, vmin, 1, 1, kv->v4, tiles, d, b, o + j * d,
+                                          kv->next_v, pf_n);
     }
 }
 

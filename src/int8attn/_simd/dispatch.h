@@ -75,8 +75,9 @@ typedef struct {
     const float *ks, *vs;     /* [n] */
     size_t n;                 /* 1 .. I8A_CHUNK */
     size_t v_lead;            /* s0 % I8A_V_TILE: row s0's slot in its tile */
-    const int8_t *next_k;     /* [next_n][d] */
-    const int8_t *next_v;     /* the tile holding the next span's first row */
+    const int8_t *next_k;     /* [next_n][d] (at 4 bits [next_n][d / 2]) */
+    const int8_t *next_v;     /* the tile holding the next span's first row (at 4 bits, its
+                                 tile of nibbles) */
     size_t next_n;
     /* K at 4 bits (else NULL; k and ks are then unused): */
     const uint8_t *k4;        /* [n][d / 2] rows from row s0 */

@@ -138,11 +138,12 @@ I8A_INLINE void i8a_vpass_neon_dotprod(float *scratch, size_t nq, const i8a_span
 /* The V pass at 4 bits with SDOT, NH heads (1 or 2) over NL 16-byte loads of a tile's
  * 32-dimension block b (loads m0 .. m0 + NL - 1: dimensions 32 b + 4 m .. + 3 from the low
  * nibbles, + 16 from the high ones): four tiles at a time with SDOT by element as at 8 bits,
- * then single tiles; o = i8a_v_out(S) + the head's vmin sum. NH and NL are constants. */
+ * then single tiles; o = i8a_v_out(S) + the head's vmin sum. The tiles of pf_n rows of pf (the
+ * next chunk's V) are prefetched. NH and NL are constants. */
 I8A_INLINE void
 i8a_v4tiles_block_neon_dotprod(const uint8_t *const *planes, const float *vmin, int nh, int nl,
                                const uint8_t *v4, size_t tiles, size_t d, size_t b, size_t m0,
-                               float *o)
+                               float *o, const int8_t *pf, size_t pf_n)
 {
     const uint8x16_t nib = vdupq_n_u8(15);
     int32x4_t acc[2][I8A_WPLANES][4];
@@ -156,6 +157,8 @@ i8a_v4tiles_block_neon_dotprod(const uint8_t *const *planes, const float *vmin, 
     const uint8_t *base = v4 + 64 * b + 16 * m0;
     size_t t = 0;
     for (; t + 4 <= tiles; t += 4) {
+        if (I8A_V_TILE * t < pf_n)              /* the next chunk's V, four tiles at a time */
+            i8a_prefetch_rows(pf + t * 2 * d, 8 * d);
         int8x16_t pw[2][I8A_WPLANES];
 #pragma GCC unroll 2
         for (int h = 0; h < nh; h++)
@@ -219,20 +222,22 @@ I8A_INLINE void i8a_v4pass_neon_dotprod(float *scratch, size_t nq, const i8a_spa
                                         float *o)
 {
     const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n), blocks = d / I8A_NIB_BLOCK;
-    size_t j = 0;
+    size_t j = 0, pf_n = kv->next_n;   /* the first block prefetches the next chunk's V */
     for (; j + 2 <= nq; j += 2) {
         const uint8_t *planes[2] = {i8a_planes_at(scratch, nq, j), i8a_planes_at(scratch, nq, j + 1)};
         const float vmin[2] = {*i8a_vmin_sum_at(scratch, nq, j), *i8a_vmin_sum_at(scratch, nq, j + 1)};
         for (size_t b = 0; b < blocks; b++)
-            for (size_t m = 0; m < 4; m++)
-                i8a_v4tiles_block_neon_dotprod(planes, vmin, 2, 1, kv->v4, tiles, d, b, m, o + j * d);
+            for (size_t m = 0; m < 4; m++, pf_n = 0)
+                i8a_v4tiles_block_neon_dotprod(planes, vmin, 2, 1, kv->v4, tiles, d, b, m, o + j * d,
+                                               kv->next_v, pf_n);
     }
     if (j < nq) {
         const uint8_t *planes[2] = {i8a_planes_at(scratch, nq, j), NULL};
         const float vmin[2] = {*i8a_vmin_sum_at(scratch, nq, j), 0.0f};
         for (size_t b = 0; b < blocks; b++)
-            for (size_t m = 0; m < 4; m += 2)
-                i8a_v4tiles_block_neon_dotprod(planes, vmin, 1, 2, kv->v4, tiles, d, b, m, o + j * d);
+            for (size_t m = 0; m < 4; m += 2, pf_n = 0)
+                i8a_v4tiles_block_neon_dotprod(planes, vmin, 1, 2, kv->v4, tiles, d, b, m, o + j * d,
+                                               kv->next_v, pf_n);
     }
 }
 
