@@ -201,15 +201,25 @@ def test_truncate_gives_back_what_the_cache_decoded_then(widths):
 
 
 def test_truncate_deeper_than_the_ring_reads_the_old_codes():
+    """Positions whose floats a deep truncate took keep their codes' values, also when their
+    group is coded again: from those values and the new rows' halves."""
     rng = np.random.default_rng(7)
     k, v = make_kv(rng, 400, 1, 32)
     cache = ia.KVCache(1, 400, 32, k_bits=4, v_bits=4)
     cache.append(k, v)
-    cache.truncate(210)                  # the ring held 272 .. 399: 210 .. 271 from their codes
+    cache.truncate(210)                  # the ring held 272 .. 399: 192 .. 209 from their codes
     q = rng.standard_normal((2, 32)).astype(np.float32)
     assert rel_err(cache.decode(q), attention_over_history(cache, q)) <= CONTRACT
-    cache.append(k[210:260], v[210:260])               # group [192, 224) coded again
+    old = cache.dequantize()[0]
+    new = 3 * k[210:260]                  # other rows: group [192, 224) gets other ranges
+    cache.append(new, v[210:260])
     assert rel_err(cache.decode(q), attention_over_history(cache, q)) <= CONTRACT
+    rows = np.concatenate([old[192:210, 0], R.half_rows(new[:14, 0])])
+    codes, lo, step = R.quantize_k4_group(rows)
+    s = cache.state_dict()
+    np.testing.assert_array_equal(s["k_codes"][0, 192:224], codes)
+    np.testing.assert_array_equal(s["k_group_min"][0, 6], lo)
+    np.testing.assert_array_equal(s["k_group_step"][0, 6], step)
 
 
 @pytest.mark.parametrize("widths", WIDTHS, ids=ids)

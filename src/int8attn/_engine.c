@@ -238,8 +238,8 @@ static void k4_code_group(const i8a_kernels *kt, i8a_cache *c, const row_source 
     const size_t d = c->head_dim, first = grp * I8A_K4_GROUP, end = first + I8A_K4_GROUP;
     const size_t from = c->k_first && first == 0 ? 1 : first;
     const size_t at = g * i8a_k4_groups(c->max_seq) + grp;
-    uint16_t *hm = c->k4_min + at * d, *hs = c->k4_step + at * d;
     float lo[I8A_MAX_HEAD_DIM], hi[I8A_MAX_HEAD_DIM], tmp[I8A_MAX_HEAD_DIM];
+    uint16_t hm[I8A_MAX_HEAD_DIM], hs[I8A_MAX_HEAD_DIM];
     for (size_t pos = from; pos < end; pos++) {
         const float *x = k4_row(src, pos, g, tmp);
         for (size_t i = 0; i < d; i++) {
@@ -247,17 +247,19 @@ static void k4_code_group(const i8a_kernels *kt, i8a_cache *c, const row_source 
             hi[i] = pos == from || x[i] > hi[i] ? x[i] : hi[i];
         }
     }
-    c->k4_min_scale[at] = kt->half_row(lo, d, hm);
+    const float sm = kt->half_row(lo, d, hm);
     for (size_t i = 0; i < d; i++) {
-        lo[i] = i8a_half_value(hm[i]) * c->k4_min_scale[at];
+        lo[i] = i8a_half_value(hm[i]) * sm;
         const float step = (hi[i] - lo[i]) / 15.0f;
         hi[i] = step > 0.0f ? step : 0.0f;
     }
-    c->k4_step_scale[at] = kt->half_row(hi, d, hs);
+    const float ss = kt->half_row(hi, d, hs);
     for (size_t i = 0; i < d; i++) {
-        const float step = i8a_half_value(hs[i]) * c->k4_step_scale[at];
+        const float step = i8a_half_value(hs[i]) * ss;
         hi[i] = step > 0.0f ? 1.0f / step : 0.0f;                  /* now the inverses */
     }
+    /* every position's codes before the group's new minima and steps are stored: a position
+     * without floats is read from its old codes by its old ones */
     for (size_t pos = first; pos < end; pos++) {
         const float *x = k4_row(src, pos, g, tmp);
         uint8_t *row = k4_row_codes(c, g, pos);
@@ -267,6 +269,10 @@ static void k4_code_group(const i8a_kernels *kt, i8a_cache *c, const row_source 
             nib_set(row + i / I8A_NIB_BLOCK * 16 + i % 16, i, (unsigned)(r > 0.0f ? r : 0.0f));
         }
     }
+    memcpy(c->k4_min + at * d, hm, d * sizeof(uint16_t));
+    memcpy(c->k4_step + at * d, hs, d * sizeof(uint16_t));
+    c->k4_min_scale[at] = sm;
+    c->k4_step_scale[at] = ss;
 }
 
 /* Doubles of set_offset's sums on the stack: the heads are summed this many elements at a time
