@@ -67,7 +67,8 @@ def test_quality_report_on_a_short_text(model, text):
     rep = gemma3.compare(model, str(text), first=16)
     assert rep["positions"] == rep["tokens"] - 16
     rows = rep["rows"]
-    assert list(rows) == ["bf16", *(f"int8, {name}" for name in ia.FORMATS)]
+    assert list(rows) == ["bf16", *(f"int8, {name}" for name in ia.FORMATS),
+                          *(f"4-bit, {name}" for name in gemma3.BITS)]
     for row in rows.values():
         assert 0.0 <= row["top1"] <= 1.0 and 0.0 <= row["kl_mean"] <= row["kl_max"]
         assert row["flips"] == round((1 - row["top1"]) * rep["positions"])
@@ -80,8 +81,9 @@ def test_quality_report_on_a_short_text(model, text):
         assert sum(kls) <= row["kl_mean"] * rep["positions"] * (1 + 1e-9)
     assert rows["bf16"]["kl_mean"] < rows["int8, rotated"]["kl_mean"] < rows["int8, plain"]["kl_mean"]
     assert rows["bf16"]["kl_mean"] < rows["int8, centered"]["kl_mean"] < rows["int8, plain"]["kl_mean"]
-    assert rows["int8, default"]["kl_mean"] < 0.1 * rows["bf16"]["kl_mean"]
-    assert sorted(rows["int8, default"]["layers"]) == list(range(model.n_layers))
+    for name in ("int8, default", *(f"4-bit, {name}" for name in gemma3.BITS)):
+        assert rows[name]["kl_mean"] < 0.1 * rows["bf16"]["kl_mean"], name
+        assert sorted(rows[name]["layers"]) == list(range(model.n_layers))
 
 
 def test_quality_report_rotation_seed_reaches_only_the_rotated_caches(model, tmp_path):
