@@ -128,6 +128,26 @@ def test_sharp_softmax_and_extreme_scales(tier):
         assert rel_err(cache.decode(q), ref) <= CONTRACT
 
 
+@pytest.mark.parametrize("bits", [(8, 8), (4, 4), (8, 4)], ids=lambda b: f"k{b[0]}v{b[1]}")
+def test_v_rows_near_the_smallest_absmax_keep_their_accuracy(tier, bits):
+    """V rows just above the quantizer's smallest absmax (2^-100, 7.9e-31): the V pass's weights
+    p * v_scale lie near 2^-107, below the planes' own range, which lifts them by 2^100 first
+    (the chunks' planes once came out empty and the output 0)."""
+    rng = np.random.default_rng(11)
+    s, d = 600, 96
+    fmt = ia.FORMATS["plain"] if bits == (8, 8) else {}
+    for kmag, vmag in ((1.0, 1e-30), (1.0, 5e-29), (1e-41, 1e-30), (1e-20, 2e-30)):
+        k = (rng.standard_normal((s, 2, d)) * kmag).astype(np.float32)
+        v = (rng.standard_normal((s, 2, d)) * vmag).astype(np.float32)
+        cache = ia.KVCache(2, s, d, k_bits=bits[0], v_bits=bits[1], **fmt)
+        cache.append(k, v)
+        q = rng.standard_normal((6, d)).astype(np.float32)
+        kd, vd = cache.dequantize()
+        ref = R.attention(q, kd, vd)
+        assert np.abs(ref).max() > 0
+        assert rel_err(cache.decode(q), ref) <= CONTRACT, (kmag, vmag)
+
+
 def test_small_weights_beside_a_sink_keep_their_mass(tier):
     """Position 0 an attention sink, every other logit 8 to 13 below it, their V rows sharing a
     mean: in chunk 0 most weights lie below 1/32258 of the sink's, where two 7-bit planes round

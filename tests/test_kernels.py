@@ -104,9 +104,11 @@ def test_attend_softmax_and_v_sum(tier, n, lead):
     assert np.all(np.abs(o2 - exact) <= bound * 1.01 + 1e-6 * scale)
 
 
-def test_a_chunk_whose_weights_are_all_below_the_planes_floor_adds_nothing(tier):
-    """The largest weight below 2^-100 (the top logit's V row is zeros, every other weight is
-    exp(-87) at most): no planes, o exactly 0, while l counts the top token."""
+def test_a_chunk_of_weights_below_2_to_minus_100_keeps_them(tier):
+    """The largest weight far below 2^-100 (the top logit's V row is zeros, every other weight
+    is exp(-87) * 0.01, a subnormal float): the planes take the weights lifted by 2^100 and their
+    scales come back down, so o is their sum (near FLT_MIN, where the scales keep an absolute
+    error below 2^-150: 2.2e-4 of o here), while l counts the top token."""
     d, n = 32, 9
     k = np.zeros((n, d), np.int8)
     k[0] = 100
@@ -118,7 +120,9 @@ def test_a_chunk_whose_weights_are_all_below_the_planes_floor_adds_nothing(tier)
                              np.ones(n, np.float32), v, v_scale, np.zeros(1, np.float32),
                              two_planes=False, lead=2)
     assert m[0] == 100 * 100 * d and l[0] == 1.0      # (1 + 8 e^-87 in float32)
-    np.testing.assert_array_equal(o, 0.0)
+    w = float(np.float32(np.exp(-87.0)) * np.float32(0.01))       # the kernel's weights
+    assert 0 < w < 2.0 ** -126
+    np.testing.assert_allclose(o, 8 * w * 90, rtol=1e-3)
 
 
 @pytest.mark.parametrize("center", [True, False], ids=["centered", "uncentered"])

@@ -209,22 +209,21 @@ def window_rows(cache):
     return k[len(k) - n:], v[len(v) - n:]
 
 
-# The contract's softmax chunk (I8A_CHUNK), the weights' integer planes (I8A_WPLANES) and the
-# smallest largest weight that gets planes (I8A_WEIGHT_MIN): see _simd/common.h.
+# The contract's softmax chunk (I8A_CHUNK) and the weights' integer planes (I8A_WPLANES): see
+# _simd/common.h.
 CHUNK = 256
 WEIGHT_PLANES = 3
-WEIGHT_MIN = 2.0**-100
 
 
 def weight_planes(w):
     """The V pass's weights w [..., n] (>= 0, one chunk along the last axis) as the kernel keeps
     them, float64: WEIGHT_PLANES planes of integers 0 .. 127 with steps ``top / 127``, ``top /
-    127**2``, ``top / 127**3`` (``top`` the largest weight; no planes below ``WEIGHT_MIN``): each
-    plane but the last takes the floor of what the ones before left, the last rounds it to
-    nearest. Returns the sum of the planes times their steps, within ``top / (2 * 127**3)`` of w."""
+    127**2``, ``top / 127**3`` (``top`` the largest weight; none when it is 0): each plane but the
+    last takes the floor of what the ones before left, the last rounds it to nearest. Returns the
+    sum of the planes times their steps, within ``top / (2 * 127**3)`` of w."""
     w = np.asarray(w, np.float64)
     top = w.max(axis=-1, keepdims=True)
-    some = top >= WEIGHT_MIN
+    some = top > 0
     step = np.where(some, top, 1.0)
     out, rest = np.zeros_like(w), w
     for k in range(WEIGHT_PLANES):

@@ -77,8 +77,11 @@ static int run_case(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
     float *k = malloc(len * hkv * d * sizeof(float)), *v = malloc(len * hkv * d * sizeof(float));
     float *q = malloc(h * d * sizeof(float));
     uint64_t seed = rng;
+    /* V near the quantizer's smallest absmax on two shapes (17 and 257 tokens): the weight
+     * planes' lift (common.h) */
+    const float vmag = len % 5 == 2 ? 1e-30f : 1.0f;
     for (size_t i = 0; i < len * hkv * d; i++)
-        k[i] = gauss() * ((i % d) == 3 ? 20.0f : 1.0f) + (float)(i % 7) - 3.0f, v[i] = gauss();
+        k[i] = gauss() * ((i % d) == 3 ? 20.0f : 1.0f) + (float)(i % 7) - 3.0f, v[i] = gauss() * vmag;
     for (size_t i = 0; i < h * d; i++)
         q[i] = gauss();
     rng = seed;

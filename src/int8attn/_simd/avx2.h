@@ -304,14 +304,15 @@ static inline void i8a_planes_avx2(const float *w, size_t n, size_t lead, uint8_
     for (size_t s = 0; s < n; s += 8)
         most = _mm256_max_ps(most, _mm256_load_ps(w + s));     /* the padding's zeros too */
     float sc[I8A_WPLANES], inv[I8A_WPLANES];
-    i8a_weight_scales(i8a_hmax8_avx2(most), sc, inv);
+    const float lift = i8a_weight_scales(i8a_hmax8_avx2(most), sc, inv);
+    const __m256 lift_f = _mm256_set1_ps(lift);
     const __m256 zero_f = _mm256_setzero_ps(), most_f = _mm256_set1_ps(127.0f);
     const __m256i zero = _mm256_setzero_si256(), most_i = _mm256_set1_epi32(127);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (size_t s = 0; s < n; s += 16) {
         __m256i b[I8A_WPLANES][2];
         for (int u = 0; u < 2; u++) {
-            __m256 r = _mm256_load_ps(w + s + 8 * u);
+            __m256 r = _mm256_mul_ps(_mm256_load_ps(w + s + 8 * u), lift_f);
             for (int k = 0; k < I8A_WPLANES - 1; k++) {
                 __m256 x = _mm256_floor_ps(_mm256_mul_ps(r, _mm256_set1_ps(inv[k])));
                 x = _mm256_min_ps(_mm256_max_ps(x, zero_f), most_f);
@@ -328,7 +329,7 @@ static inline void i8a_planes_avx2(const float *w, size_t n, size_t lead, uint8_
                              _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(pk, order)));
         }
     }
-    i8a_planes_frame(slot, lead, n, sc);
+    i8a_planes_frame(slot, lead, n, sc, lift);
 }
 
 /* One plane byte group (4 positions of a tile) of a head, broadcast to every 32-bit lane. */

@@ -254,12 +254,13 @@ static inline void i8a_planes_avx512_vnni(const float *w, size_t n, size_t lead,
         most = _mm512_max_ps(most, _mm512_maskz_loadu_ps(live, w + s));
     }
     float sc[I8A_WPLANES], inv[I8A_WPLANES];
-    i8a_weight_scales(_mm512_reduce_max_ps(most), sc, inv);
+    const float lift = i8a_weight_scales(_mm512_reduce_max_ps(most), sc, inv);
+    const __m512 lift_f = _mm512_set1_ps(lift);
     const __m512 zero_f = _mm512_setzero_ps(), most_f = _mm512_set1_ps(127.0f);
     const __m512i zero = _mm512_setzero_si512(), most_i = _mm512_set1_epi32(127);
     for (size_t s = 0; s < n; s += 16) {
         const __mmask16 live = n - s >= 16 ? 0xffff : (__mmask16)((1u << (n - s)) - 1);
-        __m512 r = _mm512_maskz_loadu_ps(live, w + s);
+        __m512 r = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, w + s), lift_f);
         for (int k = 0; k < I8A_WPLANES - 1; k++) {
             __m512 x = _mm512_roundscale_ps(_mm512_mul_ps(r, _mm512_set1_ps(inv[k])),
                                             _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
@@ -273,7 +274,7 @@ static inline void i8a_planes_avx512_vnni(const float *w, size_t n, size_t lead,
         _mm_mask_storeu_epi8(slot + (I8A_WPLANES - 1) * I8A_PLANE_BYTES + lead + s, live,
                              _mm512_cvtepi32_epi8(l));
     }
-    i8a_planes_frame(slot, lead, n, sc);
+    i8a_planes_frame(slot, lead, n, sc, lift);
 }
 
 /* One plane byte group (4 positions of a tile) of a head, broadcast to every 32-bit lane. */

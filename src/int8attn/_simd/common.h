@@ -167,7 +167,9 @@ static inline float i8a_logit(int32_t dh, int32_t dl, float c_hi, float c_lo, in
 /* The V pass in integers. A chunk's weights w[s] = p[s] * v_scale[s] (>= 0, finite) become
  * three planes of 7-bit unsigned integers, each plane 127 times finer than the one before, and
  * the sum over the chunk's positions is then an exact integer dot per plane and dimension:
- *   top = the largest w[s]; below I8A_WEIGHT_MIN every plane is 0 (scales 0: o = 0);
+ *   top = the largest w[s]; 0: every plane is 0 (scales 0: o = 0);
+ *   lift = 2^100 if top < 2^-100, else 1; every w[s] and top are first multiplied by lift
+ *   (exact: w * 2^100 < 1 loses no bit, subnormal w included);
  *   sc[0] = top / 127, sc[k] = sc[k-1] / 127;  inv[0] = 127 / top, inv[k] = inv[k-1] * 127;
  *   b0 = min(floor(w * inv[0]), 127);           r = fma(-b0, sc[0], w);
  *   b1 = clamp(floor(r * inv[1]), 0, 127);      r = fma(-b1, sc[1], r);
@@ -180,11 +182,14 @@ static inline float i8a_logit(int32_t dh, int32_t dl, float c_hi, float c_lo, in
  * 32258) were not enough: with one token far above the rest of its chunk (an attention sink)
  * the many small weights round to the same few steps, and Gemma 3's attention at 2575 tokens
  * came out 1.4e-3 off. 7 bits a plane, not 8: SDOT multiplies signed bytes, and vpmaddubsw adds
- * two products in int16 (2 * 127 * 127 = 32258 fits, 2 * 255 * 127 does not). The smallest top
- * keeps sc[2] a normal float (2^-100 / 127^3 > 2^-121); a chunk whose largest weight is below
- * it adds at most 256 * 127 * 2^-100 < 2^-85 to o (and l counts the chunk as usual). */
+ * two products in int16 (2 * 127 * 127 = 32258 fits, 2 * 255 * 127 does not). With top (after
+ * the lift) in [2^-100, 2^64 * 127], sc[2] is a normal float (2^-100 / 127^3 > 2^-121) and
+ * inv[2] finite; the planes' scales are stored divided by lift (exact unless they fall below
+ * 2^-126, where a scale keeps its absolute error under 2^-150), so V rows near the quantizer's
+ * smallest absmax (2^-100) keep their relative accuracy. */
 #define I8A_WPLANES 3
-#define I8A_WEIGHT_MIN 0x1p-100f
+#define I8A_WEIGHT_LIFT_BELOW 0x1p-100f
+#define I8A_WEIGHT_LIFT 0x1p100f
 
 /* Where head j of nq keeps its planes in an attend's scratch (dispatch.h: 2 * nq * I8A_CHUNK
  * floats): in the second half, the 4 * I8A_CHUNK bytes of its K dots, which its logits have
@@ -200,21 +205,24 @@ static inline uint8_t *i8a_planes_at(float *scratch, size_t nq, size_t j)
     return (uint8_t *)(scratch + (nq + j) * I8A_CHUNK);
 }
 
-/* The scales of a chunk's planes (the rule above); all 0 when it has none, which makes every
- * plane byte 0 by the same steps. */
-static inline void i8a_weight_scales(float top, float sc[I8A_WPLANES], float inv[I8A_WPLANES])
+/* The scales of a chunk's planes in the lifted weights' terms (the rule above); all 0 when it
+ * has none, which makes every plane byte 0 by the same steps. Returns lift. */
+static inline float i8a_weight_scales(float top, float sc[I8A_WPLANES], float inv[I8A_WPLANES])
 {
-    if (!(top >= I8A_WEIGHT_MIN)) {
+    if (!(top > 0.0f)) {
         for (int k = 0; k < I8A_WPLANES; k++)
             sc[k] = inv[k] = 0.0f;
-        return;
+        return 1.0f;
     }
+    const float lift = top < I8A_WEIGHT_LIFT_BELOW ? I8A_WEIGHT_LIFT : 1.0f;
+    top *= lift;
     sc[0] = top / 127.0f;
     inv[0] = 127.0f / top;
     for (int k = 1; k < I8A_WPLANES; k++) {
         sc[k] = sc[k - 1] / 127.0f;
         inv[k] = inv[k - 1] * 127.0f;
     }
+    return lift;
 }
 
 /* x clamped to [0, 127] (x not NaN). */
@@ -237,17 +245,21 @@ static inline void i8a_weight_one(float w, const float sc[I8A_WPLANES],
     b[I8A_WPLANES - 1] = (uint8_t)i8a_clamp127(rintf(r * inv[I8A_WPLANES - 1]));
 }
 
-/* The zeros of a head's planes around rows [lead, lead + n) (the layout above); the scales. */
+/* The zeros of a head's planes around rows [lead, lead + n) (the layout above); the scales
+ * sc / lift (the weights' own terms). */
 static inline void i8a_planes_frame(uint8_t *slot, size_t lead, size_t n,
-                                    const float sc[I8A_WPLANES])
+                                    const float sc[I8A_WPLANES], float lift)
 {
+    float out[I8A_WPLANES];
+    for (int k = 0; k < I8A_WPLANES; k++)
+        out[k] = sc[k] / lift;
     const size_t end = i8a_round16(lead + n);
     for (int k = 0; k < I8A_WPLANES; k++) {
         uint8_t *plane = slot + k * I8A_PLANE_BYTES;
         memset(plane, 0, lead);
         memset(plane + lead + n, 0, end - lead - n);
     }
-    memcpy(slot + I8A_WPLANES * I8A_PLANE_BYTES, sc, I8A_WPLANES * sizeof(float));
+    memcpy(slot + I8A_WPLANES * I8A_PLANE_BYTES, out, I8A_WPLANES * sizeof(float));
 }
 
 /* A head's planes from its weights w [n] (the scalar form; the SIMD tiers write the same
@@ -258,14 +270,14 @@ static inline void i8a_planes_scalar(const float *w, size_t n, size_t lead, uint
     float top = 0.0f;
     for (size_t s = 0; s < n; s++)
         top = w[s] > top ? w[s] : top;
-    i8a_weight_scales(top, sc, inv);
+    const float lift = i8a_weight_scales(top, sc, inv);
     for (size_t s = 0; s < n; s++) {
         uint8_t b[I8A_WPLANES];
-        i8a_weight_one(w[s], sc, inv, b);
+        i8a_weight_one(w[s] * lift, sc, inv, b);
         for (int k = 0; k < I8A_WPLANES; k++)
             slot[k * I8A_PLANE_BYTES + lead + s] = b[k];
     }
-    i8a_planes_frame(slot, lead, n, sc);
+    i8a_planes_frame(slot, lead, n, sc, lift);
 }
 
 /* The scales of head j's planes. */

@@ -237,13 +237,13 @@ I8A_INLINE void i8a_planes_neon(const float *w, size_t n, size_t lead, uint8_t *
     for (size_t s = 0; s < n; s += 4)
         most = vmaxq_f32(most, vld1q_f32(w + s));             /* the padding's zeros too */
     float sc[I8A_WPLANES], inv[I8A_WPLANES];
-    i8a_weight_scales(vmaxvq_f32(most), sc, inv);
+    const float lift = i8a_weight_scales(vmaxvq_f32(most), sc, inv);
     const float32x4_t zero_f = vdupq_n_f32(0.0f), most_f = vdupq_n_f32(127.0f);
     const int32x4_t zero = vdupq_n_s32(0), most_i = vdupq_n_s32(127);
     for (size_t s = 0; s < n; s += 16) {
         int32x4_t b[I8A_WPLANES][4];
         for (int u = 0; u < 4; u++) {
-            float32x4_t r = vld1q_f32(w + s + 4 * u);
+            float32x4_t r = vmulq_n_f32(vld1q_f32(w + s + 4 * u), lift);
             for (int k = 0; k < I8A_WPLANES - 1; k++) {
                 float32x4_t x = vrndmq_f32(vmulq_n_f32(r, inv[k]));
                 x = vminq_f32(vmaxq_f32(x, zero_f), most_f);
@@ -260,7 +260,7 @@ I8A_INLINE void i8a_planes_neon(const float *w, size_t n, size_t lead, uint8_t *
                      vcombine_s8(vmovn_s16(b01), vmovn_s16(b23)));
         }
     }
-    i8a_planes_frame(slot, lead, n, sc);
+    i8a_planes_frame(slot, lead, n, sc, lift);
 }
 
 /* Four outputs from their planes' sums (common.h's i8a_v_out, four lanes). */
