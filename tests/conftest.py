@@ -117,7 +117,11 @@ def rel_err(out, ref):
 
 
 def snapshot(cache):
-    """Everything a cache holds (with centering, the float rows of position 0 and the offsets)."""
+    """Everything a cache holds (with centering, the float rows of position 0 and the offsets;
+    with a side at 4 bits, every array of its state_dict but the capacity)."""
+    if (getattr(cache, "k_bits", 8), getattr(cache, "v_bits", 8)) != (8, 8):
+        state = cache.state_dict()
+        return (len(cache), *(np.array(state[k], copy=True) for k in sorted(state) if k != "max_seq"))
     return (len(cache), cache.k_i8.copy(), cache.v_i8.copy(), cache.k_scale.copy(),
             cache.v_scale.copy(), cache.k_first, cache.v_first, cache.k_offset, cache.v_offset)
 

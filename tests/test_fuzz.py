@@ -102,12 +102,20 @@ def decode_tolerance(cache, q32, scale, q_bits):
     of V rows) moves by at most expm1(2 delta) times twice max|v| (and never more than twice
     max|v|: it stays a mean of the rows); the float32 sums add 1e-4 of max|v|. At ordinary
     logits (|q.k| * scale up to a few tens) this is the 1e-3 contract."""
-    y = np.abs(cache.k_i8.astype(np.float64)) * cache.k_scale[..., None].astype(np.float64)
+    qn = np.linalg.norm(q32.astype(np.float64).reshape(-1, q32.shape[-1]), axis=-1).max()
+    if getattr(cache, "k_bits", 8) == 8:
+        y = np.abs(cache.k_i8.astype(np.float64)) * cache.k_scale[..., None].astype(np.float64)
+        per = 64516.0 if q_bits == 16 else 254.0
+    else:
+        # K at 4 bits (unrotated): q * step per channel in planes within max|q * step| / (2 *
+        # 127 * 254^2) (one plane: / 254), against codes up to 15 in each of D channels, and
+        # 15 * step <= 2 max|k| of the channel: the logit within |q|_2 * y1 * 2 D / (2 * 127 *
+        # 254^2) (one plane: * D / 254)
+        y = np.abs(cache.dequantize()[0].astype(np.float64))
+        per = (127.0 * 254.0 ** 2 if q_bits == 16 else 254.0) / q32.shape[-1]
     y1 = float(y.sum(axis=-1).max()) if y.size else 0.0
     off = cache.k_offset
     bias = float(np.linalg.norm(off.astype(np.float64), axis=-1).max()) if off is not None else 0.0
-    qn = np.linalg.norm(q32.astype(np.float64).reshape(-1, q32.shape[-1]), axis=-1).max()
-    per = 64516.0 if q_bits == 16 else 254.0
     delta = scale * qn * (y1 / per + (y1 + bias) * 2.0 ** -20)
     _, vd = cache.dequantize()
     vmax = float(np.abs(vd).max()) if vd.size else 0.0
@@ -117,15 +125,19 @@ def decode_tolerance(cache, q32, scale, q_bits):
 class CacheMachine(RuleBasedStateMachine):
     """One cache (and its twin fed canonical float32 rows) through random calls."""
 
-    @initialize(data=st.data())
-    def make(self, data):
+    def new_caches(self, data):
+        """The cache and its twin (self.hkv, self.d and self.cap set)."""
         self.hkv = data.draw(st.integers(1, 3), label="n_kv_heads")
         self.d = data.draw(st.sampled_from([16, 32, 48, 80, 128]), label="head_dim")
         self.cap = data.draw(st.integers(1, 600), label="max_seq")
         fmt = data.draw(st.sampled_from([*ia.FORMATS.values(), {"rotation_seed": 2 ** 64 - 1}]),
                         label="format")
-        self.cache = ia.Int8KVCache(self.hkv, self.cap, self.d, **fmt)
-        self.twin = ia.Int8KVCache(self.hkv, self.cap, self.d, **fmt)
+        return (ia.Int8KVCache(self.hkv, self.cap, self.d, **fmt),
+                ia.Int8KVCache(self.hkv, self.cap, self.d, **fmt))
+
+    @initialize(data=st.data())
+    def make(self, data):
+        self.cache, self.twin = self.new_caches(data)
         self.length = 0
         t = data.draw(st.integers(0, min(self.cap, 300)), label="prefill")
         k, k32 = draw_values(data, (t, self.hkv, self.d), "prefill k")
@@ -261,18 +273,38 @@ class CacheMachine(RuleBasedStateMachine):
         self.cache.save(f)
         f.seek(0)
         grow = data.draw(st.integers(0, 20), label="extra capacity")
-        loaded = ia.Int8KVCache.load(f, max_seq=self.cap + grow if grow else None)
+        kind = type(self.cache)
+        loaded = kind.load(f, max_seq=self.cap + grow if grow else None)
         assert_same_state(loaded, snapshot(self.cache))
         if self.length:
             q = np.random.default_rng(self.length).standard_normal((self.hkv, self.d)).astype(np.float32)
             np.testing.assert_array_equal(loaded.decode(q), self.cache.decode(q))
         self.cache, self.cap = loaded, loaded.max_seq
-        twin = ia.Int8KVCache.from_state_dict(self.twin.state_dict(), max_seq=self.cap)
+        twin = kind.from_state_dict(self.twin.state_dict(), max_seq=self.cap)
         self.twin = twin
 
 
-CacheMachine.TestCase.settings = settings(
-    max_examples=EXAMPLES, stateful_step_count=12, deadline=None,
-    derandomize=not os.environ.get("INT8ATTN_FUZZ_RANDOM"), database=None,
-    suppress_health_check=list(HealthCheck))
+class KV4Machine(CacheMachine):
+    """The same calls on a KVCache with a side at 4 bits (4/4, 8/4 or 4/8; head dims of whole
+    nibble blocks, K at 4 bits with a window of at least one group)."""
+
+    def new_caches(self, data):
+        self.hkv = data.draw(st.integers(1, 3), label="n_kv_heads")
+        self.d = data.draw(st.sampled_from([32, 64, 96, 128]), label="head_dim")
+        self.cap = data.draw(st.integers(1, 600), label="max_seq")
+        kb, vb = data.draw(st.sampled_from([(4, 4), (8, 4), (4, 8)]), label="k_bits, v_bits")
+        fmt = {"k_bits": kb, "v_bits": vb, "rotate": data.draw(st.booleans(), label="rotate"),
+               "keep_first": data.draw(st.booleans(), label="keep_first"),
+               "recent": data.draw(st.sampled_from([32, 64, 100] if kb == 4 else [0, 16, 64]),
+                                   label="recent")}
+        return (ia.KVCache(self.hkv, self.cap, self.d, **fmt),
+                ia.KVCache(self.hkv, self.cap, self.d, **fmt))
+
+
+for _machine in (CacheMachine, KV4Machine):
+    _machine.TestCase.settings = settings(
+        max_examples=EXAMPLES, stateful_step_count=12, deadline=None,
+        derandomize=not os.environ.get("INT8ATTN_FUZZ_RANDOM"), database=None,
+        suppress_health_check=list(HealthCheck))
 test_cache_machine = CacheMachine.TestCase
+test_kv4_machine = KV4Machine.TestCase

@@ -266,6 +266,29 @@ def test_save_and_load_are_exact(tmp_path, widths):
             ia.KVCache.from_state_dict(odd)
 
 
+@pytest.mark.parametrize("widths", WIDTHS, ids=ids)
+def test_an_empty_or_reset_cache_saves_and_loads(tmp_path, widths):
+    """No positions: the 4-bit code arrays are empty (their unpacking once failed on that)."""
+    rng = np.random.default_rng(4)
+    cache = ia.KVCache(2, 40, 64, k_bits=widths[0], v_bits=widths[1])
+    for filled in (False, True):
+        if filled:
+            k, v = make_kv(rng, 35, 2, 64, "gauss")
+            cache.append(k, v)
+            cache.reset()
+        cache.save(tmp_path / "e.npz")
+        back = ia.KVCache.load(tmp_path / "e.npz")
+        assert (len(back), back.k_bits, back.v_bits, back.max_seq) == (0, *widths, 40)
+        again = ia.KVCache.from_state_dict(cache.state_dict())
+        k, v = make_kv(rng, 3, 2, 64, "gauss")
+        for c in (back, again, cache):
+            c.append(k, v)
+        q = rng.standard_normal((4, 64)).astype(np.float32)
+        np.testing.assert_array_equal(back.decode(q), cache.decode(q))
+        np.testing.assert_array_equal(again.decode(q), cache.decode(q))
+        cache.reset()
+
+
 def test_memory_at_llama_3_8b_shape():
     """4/4 holds at most 0.6x the bytes of 8/8 at 8192 tokens (Hkv = 8, D = 128)."""
     eight = ia.Int8KVCache(8, 8192, 128).nbytes

@@ -39,14 +39,16 @@ class State(NamedTuple):
 def unpack_rows(packed):
     """4-bit rows [..., D / 2] uint8 (blocks of 16 bytes: element i low, i + 16 high) as codes
     [..., D] uint8."""
-    b = packed.reshape(*packed.shape[:-1], -1, 1, 16)
-    return np.concatenate([b & 15, b >> 4], axis=-2).reshape(*packed.shape[:-1], -1)
+    lead, half = packed.shape[:-1], packed.shape[-1]       # (no -1: the arrays may be empty)
+    b = packed.reshape(*lead, half // 16, 1, 16)
+    return np.concatenate([b & 15, b >> 4], axis=-2).reshape(*lead, 2 * half)
 
 
 def pack_rows(codes):
     """unpack_rows' inverse: codes [..., D] (0 .. 15) as rows [..., D / 2] uint8."""
-    c = codes.astype(np.uint8).reshape(*codes.shape[:-1], -1, 2, 16)
-    return (c[..., 0, :] | (c[..., 1, :] << 4)).reshape(*codes.shape[:-1], -1)
+    lead, d = codes.shape[:-1], codes.shape[-1]
+    c = codes.astype(np.uint8).reshape(*lead, d // 32, 2, 16)
+    return (c[..., 0, :] | (c[..., 1, :] << 4)).reshape(*lead, d // 2)
 
 
 def unpack_tiles(tiles, n):
