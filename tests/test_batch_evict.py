@@ -185,6 +185,51 @@ def test_a_sliding_cache_evicts_and_appends_for_ever(fmt):
         assert np.max(np.abs(seen - k[pos - len(seen):pos])) < 0.05 * np.max(np.abs(k))
 
 
+@pytest.mark.parametrize("bits", [(8, 8), (8, 4)], ids=["k8v8", "k8v4"])
+def test_evict_keeps_a_first_row_at_the_edge_of_the_range_loadable(tmp_path, bits):
+    """Rows of +-2**64 rotated and quantized come back a little beyond 2**64 (the codes' rounding
+    in the rotated space): the float row evict makes of such a token stays within the format's
+    range, so the cache still saves and loads (the fuzz test found a file load refused)."""
+    rng = np.random.default_rng(13)
+    d = 64
+    k = (np.sign(rng.standard_normal((40, 2, d))) * 2.0 ** 64).astype(np.float32)
+    k[:, :, ::3] *= rng.uniform(0.5, 1.0, (40, 2, (d + 2) // 3)).astype(np.float32)
+    v = k[::-1].copy()
+    cache = ia.KVCache(2, 40, d, k_bits=bits[0], v_bits=bits[1], rotate=True, keep_first=True,
+                       recent=0)
+    cache.append(k, v)
+    beyond = max(float(np.abs(x[1:]).max()) for x in cache.dequantize())
+    assert beyond > 2.0 ** 64                          # the case this test is about
+    cache.evict(1)
+    assert np.abs(cache.k_first).max() <= 2.0 ** 64 and np.abs(cache.v_first).max() <= 2.0 ** 64
+    cache.save(tmp_path / "edge.npz")
+    back = ia.KVCache.load(tmp_path / "edge.npz")
+    q = rng.standard_normal((4, d)).astype(np.float32) * 1e-20
+    np.testing.assert_array_equal(back.decode(q), cache.decode(q))
+
+
+@pytest.mark.parametrize("fmt", ["centered", "default"])
+@pytest.mark.parametrize("left", [1, 0])
+def test_a_centered_cache_evicted_to_one_token_or_none_saves_and_loads(tmp_path, fmt, left):
+    """evict keeps the offsets whatever it leaves, so a state with offsets and fewer than two
+    tokens is one int8attn writes (load once refused it)."""
+    rng = np.random.default_rng(14)
+    cache, _, _ = filled_cache(rng, 2, 32, 90, cap=100, **ia.FORMATS[fmt])
+    assert cache.k_offset is not None
+    cache.evict(90 - left)
+    cache.save(tmp_path / "c.npz")
+    back = ia.Int8KVCache.load(tmp_path / "c.npz")
+    assert len(back) == left
+    np.testing.assert_array_equal(back.k_offset, cache.k_offset)
+    k, v = make_kv(rng, 5, 2, 32)
+    for c in (back, cache):
+        c.append(k, v)
+    q = rng.standard_normal((3, 4, 32)).astype(np.float32)
+    np.testing.assert_array_equal(back.decode(q), cache.decode(q))
+    for a, b in zip(back.dequantize(), cache.dequantize()):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_evict_errors_leave_the_cache_as_it_was():
     rng = np.random.default_rng(12)
     cache, k, v = filled_cache(rng, 1, 32, 30, **ia.FORMATS["default"])

@@ -1,6 +1,6 @@
 """A property-based state machine over the whole public surface: random shapes, dtypes, strides,
 options and values (float32's edges included: up to the format's 2**64, denormals, NaN, Inf,
-outliers) through append / decode / truncate / reset / save / load.
+outliers) through append / decode / truncate / evict / reset / save / load.
 
 It asserts, after every step:
 - an invalid call raises ValueError or TypeError and leaves the cache exactly as it was;
@@ -259,6 +259,20 @@ class CacheMachine(RuleBasedStateMachine):
         self.cache.truncate(n)
         self.twin.truncate(n)
         self.length = n
+
+    @rule(data=st.data())
+    def evict(self, data):
+        step = 32 if getattr(self.cache, "k_bits", 8) == 4 else 1      # K's groups stay whole
+        n = step * data.draw(st.integers(0, self.length // step), label="n")
+        if self.bad(data, ["n"]):
+            n = data.draw(st.sampled_from([-1, self.length + 1, 2 ** 64, 31]), label="bad n")
+        if not (0 <= n <= self.length and n % step == 0):
+            self.expect_refused(lambda: self.cache.evict(n), "evict")
+            return
+        self.cache.evict(n)
+        self.twin.evict(n)
+        self.length -= n
+        assert_same_state(self.cache, snapshot(self.twin))
 
     @rule()
     def reset(self):

@@ -690,7 +690,8 @@ A quantized KV cache for decode attention: K and V at 8 or 4 bits each.
         freeing capacity for appends (a sliding-window layer keeps only what its window still
         sees). The tokens kept are read back exactly as before by a decode that sees them; with
         keep_first, the new first token's float row is what decode read for it (its floats in
-        the recent window, else its dequantized codes), and centering keeps its offsets.
+        the recent window, else its dequantized codes, held within +-2**64 like every float
+        row), and centering keeps its offsets.
         0 <= n <= len(cache); with k_bits=4 a multiple of 32 (K's groups stay whole)."""
         self._enter()
         try:

@@ -1420,9 +1420,16 @@ void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n)
                 widen_row(c, c->v_recent, c->v_rscale, g, slot_of(c, n), c->v_first + g * d);
             }
         } else {
-            for (size_t g = 0; g < hkv; g++)
-                dequantize_row(kt, c, g, n, has_offsets(c), c->k_first + g * d,
-                               c->v_first + g * d);
+            /* clamped to the format's range, which first rows keep (as load checks): rounding
+             * in the rotated space can take a value at the edge of the range past it */
+            for (size_t g = 0; g < hkv; g++) {
+                float *yk = c->k_first + g * d, *yv = c->v_first + g * d;
+                dequantize_row(kt, c, g, n, has_offsets(c), yk, yv);
+                for (size_t i = 0; i < d; i++) {
+                    yk[i] = fminf(fmaxf(yk[i], -I8A_VALUE_MAX), I8A_VALUE_MAX);
+                    yv[i] = fminf(fmaxf(yv[i], -I8A_VALUE_MAX), I8A_VALUE_MAX);
+                }
+            }
         }
     }
     I8A_EXPECT(c->k_bits == 8 || n % I8A_K4_GROUP == 0);

@@ -216,9 +216,7 @@ def check(state, max_seq):
     offsets_set = _scalar(state, "offsets_set", "bool") if version >= 3 else center and n >= 2
     if offsets_set and not center:
         raise ValueError("state has offsets_set without center, which int8attn never writes")
-    if offsets_set and n < 2:      # (with a window they outlive a deeper truncate: n >= 2 only)
-        raise ValueError(f"state offsets_set with length {n}: a cache with offsets holds at "
-                         f"least 2 tokens")
+    # (any length: evict keeps the offsets of a cache it leaves with one token or none)
     held = 0
     for key in ("k_recent", "v_recent"):
         if version < 3 or not recent:
