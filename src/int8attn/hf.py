@@ -5,8 +5,8 @@
 >>> cache = int8attn.hf.Int8Cache(model.config, max_cache_len=8192)
 >>> out = model.generate(**inputs, cache=cache, max_new_tokens=200)
 
-Each layer of the model keeps one ``Int8KVCache`` per sequence of the batch (the default
-format), and the attention of the prompt (a causal multi-token decode) and of every generated
+Each layer of the model keeps one ``KVCache`` per sequence of the batch (the default
+format at 8 bits; ``Int8Cache(..., k_bits=4, v_bits=4)`` for the 4-bit cache), and the attention of the prompt (a causal multi-token decode) and of every generated
 token runs over those int8 caches directly: no float copy of K or V is kept or rebuilt. A
 sliding-window layer keeps only what its window can still see (about its window plus a
 chunk of slack), so its memory does not grow with the context. Both fp32 and bf16 models work:
@@ -46,7 +46,8 @@ except ImportError as e:                                  # pragma: no cover - d
     raise ImportError("int8attn.hf needs torch and transformers>=5: "
                       "pip install 'int8attn[hf]'") from e
 
-from . import FORMATS, Int8KVCache, decode_batch
+from . import FORMATS, Int8KVCache, KVCache, decode_batch
+from . import _format as F
 
 if int(transformers.__version__.split(".")[0]) < 5:        # pragma: no cover
     raise ImportError(f"int8attn.hf needs transformers>=5 (the cache= API), found "
@@ -92,11 +93,11 @@ def _as_rows(x: torch.Tensor) -> np.ndarray:
     return x.detach().to(torch.float32).transpose(1, 2).contiguous().numpy()
 
 
-def _clone(c: Int8KVCache) -> Int8KVCache:
-    return Int8KVCache.from_state_dict(c.state_dict(), max_seq=c.max_seq)
+def _clone(c: KVCache) -> KVCache:
+    return type(c).from_state_dict(c.state_dict(), max_seq=c.max_seq)
 
 
-def _pick(caches: list[Int8KVCache], index: list[int]) -> list[Int8KVCache]:
+def _pick(caches: list[KVCache], index: list[int]) -> list[KVCache]:
     """caches[i] for i in index, each cache used once and copied when picked again."""
     used: set[int] = set()
     out = []
@@ -106,12 +107,29 @@ def _pick(caches: list[Int8KVCache], index: list[int]) -> list[Int8KVCache]:
     return out
 
 
+def _format_options(kv_format: str, k_bits: int, v_bits: int) -> dict:
+    """The KVCache options of a named format at these widths (no offsets with a 4-bit side)."""
+    opts = dict(FORMATS[kv_format])
+    if (k_bits, v_bits) != (8, 8):
+        opts["center"] = False
+    return opts
+
+
+def _new_cache(hkv: int, cap: int, d: int, kv_format: str, k_bits: int, v_bits: int) -> KVCache:
+    opts = _format_options(kv_format, k_bits, v_bits)
+    if (k_bits, v_bits) == (8, 8):
+        return Int8KVCache(hkv, cap, d, **opts)
+    return KVCache(hkv, cap, d, k_bits=k_bits, v_bits=v_bits, **opts)
+
+
 class Int8Layer(CacheLayerMixin):
-    """One attention layer's cache: an ``Int8KVCache`` per sequence of the batch, created at the
-    first update from the shapes of K and V ([B, Hkv, T, D]).
+    """One attention layer's cache: a ``KVCache`` per sequence of the batch (K and V at
+    ``k_bits``, ``v_bits``), created at the first update from the shapes of K and V ([B, Hkv,
+    T, D]).
 
     ``max_cache_len`` bounds the tokens a sequence may reach; a full-attention layer allocates
-    all of them up front, a sliding-window one at most ``sliding_window - 1 + SLACK``.
+    all of them up front, a sliding-window one at most ``sliding_window - 1 + SLACK`` (with K at
+    4 bits, 31 more: it forgets whole groups of 32 positions).
     """
 
     is_compileable = False
@@ -119,14 +137,16 @@ class Int8Layer(CacheLayerMixin):
     supports_early_init = False
 
     def __init__(self, max_cache_len: int, sliding_window: int | None = None,
-                 kv_format: str = "default"):
+                 kv_format: str = "default", k_bits: int = 8, v_bits: int = 8):
         super().__init__()
         self.max_cache_len = max_cache_len
         self.sliding_window = sliding_window
         self.is_sliding = sliding_window is not None
         self.kv_format = kv_format
+        self.k_bits, self.v_bits = k_bits, v_bits
+        self.evict_step = F.K4_GROUP if k_bits == 4 else 1    # evict takes whole K groups
         self.slack, self.rollback = SLACK, ROLLBACK
-        self.caches: list[Int8KVCache] = []
+        self.caches: list[KVCache] = []
         self.seen = 0                  # positions of the sequence this layer has attended
         self.pending: tuple[np.ndarray, np.ndarray] | None = None
         self.marker: torch.Tensor | None = None     # what update() returns, made once
@@ -139,14 +159,15 @@ class Int8Layer(CacheLayerMixin):
     @property
     def capacity(self) -> int:
         if self.is_sliding:
-            return min(self.max_cache_len, self.sliding_window - 1 + self.slack)
+            return min(self.max_cache_len,
+                       self.sliding_window - 1 + self.slack + self.evict_step - 1)
         return self.max_cache_len
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, hkv, _, d = key_states.shape
         self.dtype, self.device = key_states.dtype, key_states.device
-        self.caches = [Int8KVCache(hkv, self.capacity, d, **FORMATS[self.kv_format])
-                       for _ in range(b)]
+        self.caches = [_new_cache(hkv, self.capacity, d, self.kv_format, self.k_bits,
+                                  self.v_bits) for _ in range(b)]
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
@@ -209,7 +230,8 @@ class Int8Layer(CacheLayerMixin):
         n = k.shape[1]
         for c in self.caches:
             if len(c) + n > c.max_seq:           # a sliding layer: forget what no query sees
-                c.evict(len(c) - min(len(c), self.sliding_window - 1 + self.rollback))
+                gone = len(c) - min(len(c), self.sliding_window - 1 + self.rollback)
+                c.evict(gone - gone % self.evict_step)
         done = 0
         try:
             for c in self.caches:
@@ -297,14 +319,28 @@ class Int8Cache(Cache):
         The most tokens (prompt and generated) a sequence may reach.
     kv_format : str
         One of ``int8attn.FORMATS`` (default ``"default"``).
+    k_bits, v_bits : int
+        8 (default) or 4 each, as in ``int8attn.KVCache``: with a side at 4 bits the format's
+        offsets are off (``center``; the 4-bit sides keep their own minima), K at 4 bits needs
+        a format with a recent window (``"default"`` or ``"recent"``), and the model's head dim
+        a multiple of 32.
     """
 
-    def __init__(self, config: Any, max_cache_len: int, *, kv_format: str = "default"):
+    def __init__(self, config: Any, max_cache_len: int, *, kv_format: str = "default",
+                 k_bits: int = 8, v_bits: int = 8):
         if not isinstance(max_cache_len, int) or isinstance(max_cache_len, bool) \
                 or max_cache_len < 1:
             raise ValueError(f"max_cache_len must be a positive int, got {max_cache_len!r}")
         if kv_format not in FORMATS:
             raise ValueError(f"kv_format must be one of {sorted(FORMATS)}, got {kv_format!r}")
+        for name, bits in (("k_bits", k_bits), ("v_bits", v_bits)):
+            if isinstance(bits, bool) or bits not in F.BITS:
+                raise ValueError(f"{name} must be one of {', '.join(map(str, F.BITS))}, got "
+                                 f"{bits!r}")
+        recent = _format_options(kv_format, k_bits, v_bits).get("recent", 64)
+        if k_bits == 4 and recent < F.K4_GROUP:
+            raise ValueError(f"k_bits=4 needs a format with a recent window of at least "
+                             f"{F.K4_GROUP} tokens; kv_format={kv_format!r} has recent={recent}")
         text = config.get_text_config(decoder=True)
         impl = getattr(text, "_attn_implementation", None)
         if impl != NAME:
@@ -317,9 +353,10 @@ class Int8Cache(Cache):
         layers = []
         for i, (kind, kw) in enumerate(zip(types, kwargs)):
             if kind == "full_attention":
-                layers.append(Int8Layer(max_cache_len, None, kv_format))
+                layers.append(Int8Layer(max_cache_len, None, kv_format, k_bits, v_bits))
             elif kind == "sliding_attention":
-                layers.append(Int8Layer(max_cache_len, int(kw["sliding_window"]), kv_format))
+                layers.append(Int8Layer(max_cache_len, int(kw["sliding_window"]), kv_format,
+                                        k_bits, v_bits))
             else:
                 raise ValueError(f"int8attn caches full and sliding-window attention layers; "
                                  f"layer {i} is {kind!r}")
@@ -328,7 +365,7 @@ class Int8Cache(Cache):
 
     @property
     def nbytes(self) -> int:
-        """Bytes of every layer's int8 caches (codes, scales and float rows)."""
+        """Bytes of every layer's caches (codes, scales and float rows)."""
         return sum(layer.nbytes for layer in self.layers)
 
 
