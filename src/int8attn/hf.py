@@ -5,9 +5,10 @@
 >>> cache = int8attn.hf.Int8Cache(model.config, max_cache_len=8192)
 >>> out = model.generate(**inputs, cache=cache, max_new_tokens=200)
 
-Each layer of the model keeps one ``KVCache`` per sequence of the batch (the default
-format at 8 bits; ``Int8Cache(..., k_bits=4, v_bits=4)`` for the 4-bit cache), and the attention of the prompt (a causal multi-token decode) and of every generated
-token runs over those int8 caches directly: no float copy of K or V is kept or rebuilt. A
+Each layer of the model keeps one cache per sequence of the batch (``Int8KVCache`` in the
+default format; a 4-bit ``KVCache`` with ``Int8Cache(..., k_bits=4, v_bits=4)``), and the
+attention of the prompt (a causal multi-token decode) and of every generated token runs over
+those caches directly: no float copy of K or V is kept or rebuilt. A
 sliding-window layer keeps only what its window can still see (about its window plus a
 chunk of slack), so its memory does not grow with the context. Both fp32 and bf16 models work:
 q, k and v are converted to float32 on the way in and the output back to the model's dtype.
