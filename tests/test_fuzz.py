@@ -103,6 +103,7 @@ def decode_tolerance(cache, q32, scale, q_bits):
     max|v|: it stays a mean of the rows); the float32 sums add 1e-4 of max|v|. At ordinary
     logits (|q.k| * scale up to a few tens) this is the 1e-3 contract."""
     qn = np.linalg.norm(q32.astype(np.float64).reshape(-1, q32.shape[-1]), axis=-1).max()
+    kd, vd = cache.dequantize()
     if getattr(cache, "k_bits", 8) == 8:
         y = np.abs(cache.k_i8.astype(np.float64)) * cache.k_scale[..., None].astype(np.float64)
         per = 64516.0 if q_bits == 16 else 254.0
@@ -111,13 +112,12 @@ def decode_tolerance(cache, q32, scale, q_bits):
         # 127 * 254^2) (one plane: / 254), against codes up to 15 in each of D channels, and
         # 15 * step <= 2 max|k| of the channel: the logit within |q|_2 * y1 * 2 D / (2 * 127 *
         # 254^2) (one plane: * D / 254)
-        y = np.abs(cache.dequantize()[0].astype(np.float64))
+        y = np.abs(kd.astype(np.float64))
         per = (127.0 * 254.0 ** 2 if q_bits == 16 else 254.0) / q32.shape[-1]
     y1 = float(y.sum(axis=-1).max()) if y.size else 0.0
     off = cache.k_offset
     bias = float(np.linalg.norm(off.astype(np.float64), axis=-1).max()) if off is not None else 0.0
     delta = scale * qn * (y1 / per + (y1 + bias) * 2.0 ** -20)
-    _, vd = cache.dequantize()
     vmax = float(np.abs(vd).max()) if vd.size else 0.0
     return (min(math.expm1(min(2.2 * delta, 1.0)), 1.0) + 1e-4) * 2 * vmax + 1e-37
 

@@ -338,7 +338,7 @@ class Int8Cache(Cache):
             if isinstance(bits, bool) or bits not in F.BITS:
                 raise ValueError(f"{name} must be one of {', '.join(map(str, F.BITS))}, got "
                                  f"{bits!r}")
-        recent = _format_options(kv_format, k_bits, v_bits).get("recent", 64)
+        recent = FORMATS[kv_format]["recent"]
         if k_bits == 4 and recent < F.K4_GROUP:
             raise ValueError(f"k_bits=4 needs a format with a recent window of at least "
                              f"{F.K4_GROUP} tokens; kv_format={kv_format!r} has recent={recent}")
