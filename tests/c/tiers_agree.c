@@ -3,7 +3,9 @@
  *   cc -O2 -ffp-contract=off -Isrc/int8attn tests/c/tiers_agree.c src/int8attn/_engine.c \
  *      src/int8attn/_cpu.c src/int8attn/_pool.c src/int8attn/_simd/kernels.c -lm -pthread \
  *      && ./a.out
- * Prints one line per tier and exits non-zero on any difference. */
+ * Prints one line per tier, with a digest of its outputs over every case (FNV-1a of the bytes:
+ * equal digests before and after a change that must not move a bit), and exits non-zero on any
+ * difference. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,15 @@
 #include "_pool.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+/* FNV-1a over n bytes, continuing from h. */
+static uint64_t digest(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
 
 static float gauss(void)
 {
@@ -182,6 +193,8 @@ int main(void)
             continue;
         }
         size_t cases = 0, diffs = 0;
+        rng = 0x9e3779b97f4a7c15ull;           /* every tier on the same data: one digest */
+        uint64_t sum = 0xcbf29ce484222325ull;
         /* the int8 cache, and K and V at 4 bits (both, or either) where d allows */
         static const int widths[][2] = {{8, 8}, {4, 4}, {8, 4}, {4, 8}};
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
@@ -198,6 +211,7 @@ int main(void)
                     rc |= run_case(scalar, h, shapes[i][1], d, shapes[i][3], q_bits,
                                    widths[w][0], widths[w][1], b);
                     cases++;
+                    sum = digest(sum, a, h * d * sizeof(float));
                     if (rc || memcmp(a, b, h * d * sizeof(float)) != 0) {
                         if (diffs++ < 3)
                             printf("  %s differs: H %zu, Hkv %zu, D %zu, %zu tokens, K%d/V%d, "
@@ -209,8 +223,9 @@ int main(void)
             }
         }
         const int rot = rotation_differs(t, scalar);
-        printf("%-14s %zu cases, %zu differ from scalar; rotation over 12 head dims %s\n", t->name,
-               cases, diffs, rot ? "DIFFERS" : "agrees");
+        printf("%-14s %zu cases, %zu differ from scalar; rotation over 12 head dims %s; outputs "
+               "%016llx\n", t->name, cases, diffs, rot ? "DIFFERS" : "agrees",
+               (unsigned long long)sum);
         failed |= diffs != 0 || rot;
     }
     const int pool = pool_differs();
