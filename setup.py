@@ -4,6 +4,7 @@ Everything is compiled at the target's baseline. ISA code is switched on per fun
 pragmas inside src/int8attn/_simd/<tier>.h, never by compiler flags, so the module imports on any
 CPU of the architecture and the tier is picked at run time.
 """
+import pathlib
 import sys
 
 from Cython.Build import cythonize
@@ -20,15 +21,14 @@ else:
     cflags = ["-O3", "-g0", "-ffp-contract=off", "-fno-math-errno", "-std=c11"]
     libraries = ["m", "pthread"]
 
+# The C sources: one list, which the C cross-check in .ci/ reads too.
+here = pathlib.Path(__file__).parent
+c_sources = [line.strip() for line in (here / "src/int8attn/csources.txt").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+
 ext = Extension(
     "int8attn._cache",
-    sources=[
-        "src/int8attn/_cache.pyx",
-        "src/int8attn/_engine.c",
-        "src/int8attn/_cpu.c",
-        "src/int8attn/_pool.c",
-        "src/int8attn/_simd/kernels.c",
-    ],
+    sources=["src/int8attn/_cache.pyx", *c_sources],
     include_dirs=["src/int8attn"],
     extra_compile_args=cflags,
     libraries=libraries,

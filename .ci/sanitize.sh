@@ -84,8 +84,8 @@ done
 cd "$ROOT"
 
 phase "C cross-check of tiers under ASan + UBSan (leak checks on: all of it is instrumented)"
-csrc=(tests/c/tiers_agree.c src/int8attn/_engine.c src/int8attn/_cpu.c src/int8attn/_pool.c
-      src/int8attn/_simd/kernels.c)
+mapfile -t csrc < <(grep -v '^#' src/int8attn/csources.txt)       # the one list setup.py builds
+csrc=(tests/c/tiers_agree.c "${csrc[@]}")
 cflags=(-O2 -std=c11 -ffp-contract=off -Wall -Wextra -Werror -DI8A_CHECK_PRECONDITIONS -Isrc/int8attn)
 gcc "${cflags[@]}" "${SAN[@]}" "${csrc[@]}" -lm -pthread -o "$tmp/agree"
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "$tmp/agree" || fail "tiers_agree under the sanitizers"

@@ -319,7 +319,7 @@ def test_window_items_split_over_threads_without_changing_bits():
         ia.set_num_threads(1)
         want = cache.decode(q, softcap=30.0)
         ia.set_num_threads(4)
-        assert _cache._decode_threads(cache, 16, 3) > 1          # the windows really are split
+        assert _cache._plan(cache, 16, 3)["threads"] > 1          # the windows really are split
         got = cache.decode(q, softcap=30.0)
     finally:
         ia.set_num_threads(before)

@@ -28,12 +28,12 @@ def test_output_is_bit_identical_for_every_thread_count(tier, threads, shape, q_
     cache, _, _ = filled_cache(rng, hkv, d, s, "outlier")
     q = rng.standard_normal((h, d)).astype(np.float32)
     ia.set_num_threads(1)
-    assert _cache._decode_threads(cache, h) == 1
+    assert _cache._plan(cache, h)["threads"] == 1
     want = cache.decode(q, q_bits=q_bits)
     items = hkv * -(-s // 256)                        # (kv head, 256-token chunk) pairs
     for n in (2, 3, 4, 7):
         ia.set_num_threads(n)
-        assert _cache._decode_threads(cache, h) == min(n, items)   # the work really is split
+        assert _cache._plan(cache, h)["threads"] == min(n, items)   # the work really is split
         got = cache.decode(q, q_bits=q_bits)
         np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32), err_msg=f"{n} threads")
 
@@ -41,10 +41,10 @@ def test_output_is_bit_identical_for_every_thread_count(tier, threads, shape, q_
 def test_short_contexts_use_fewer_threads(threads):
     ia.set_num_threads(8)
     cache, _, _ = filled_cache(np.random.default_rng(0), 8, 128, 64)
-    assert _cache._decode_threads(cache, 8) == 1
+    assert _cache._plan(cache, 8)["threads"] == 1
     big = ia.Int8KVCache(8, 4096, 128)
     big.append(np.ones((4096, 8, 128), np.float32), np.ones((4096, 8, 128), np.float32))
-    assert _cache._decode_threads(big, 8) == 8
+    assert _cache._plan(big, 8)["threads"] == 8
 
 
 @pytest.mark.parametrize("bad, exc", [(0, ValueError), (257, ValueError), (-1, ValueError),
@@ -97,7 +97,7 @@ def test_pool_survives_fork(threads):
     pid = os.fork()
     if pid == 0:                                  # child: decode with threads again, report by exit code
         try:
-            ok = np.array_equal(cache.decode(q), want) and _cache._decode_threads(cache, 8) == 2
+            ok = np.array_equal(cache.decode(q), want) and _cache._plan(cache, 8)["threads"] == 2
             os._exit(0 if ok else 1)
         except BaseException:
             os._exit(2)
@@ -161,3 +161,39 @@ def test_contention_times_both_thread_counts_under_load(threads):
     with _bench.busy_processes(2) as procs:
         assert all(p.poll() is None for p in procs)
     assert all(p.poll() is not None for p in procs)
+
+
+@pytest.mark.parametrize("fmt", ["plain", "default"])
+def test_the_plan_reads_the_visible_chunks_only(threads, fmt):
+    """The plan as data: which chunks a decode reads, its items and its thread count, from the
+    cache's length and the options alone (the chunks of 256 positions; with a recent window
+    of R = 64 the last 64 positions are one more item per kv head, read from its floats)."""
+    hkv, d, n = 2, 64, 1000
+    recent = ia.FORMATS[fmt]["recent"]
+    cache = ia.Int8KVCache(hkv, n, d, **ia.FORMATS[fmt])
+    cache.append(np.ones((n, hkv, d), np.float32), np.ones((n, hkv, d), np.float32))
+    ia.set_num_threads(1)
+    coded_end = n - recent                                   # the window reads the rest
+    whole = _cache._plan(cache, 4)
+    assert whole["runs"][0] == (0, -(-coded_end // 256)) and whole["runs"][1][1] == 0
+    assert whole["nvis"] == -(-coded_end // 256)
+    assert whole["per_head"] == whole["nvis"] + (1 if recent else 0)
+    assert whole["items"] == hkv * whole["per_head"] and whole["threads"] == 1
+    assert whole["rows"] == 2 and whole["parts"] == 1
+    # a window of 300 with 5 sinks: the sinks' chunk, then the window's chunks (the window
+    # starts at position 700, so chunk 2 on; they are runs apart)
+    cut = _cache._plan(cache, 4, window=300, sinks=5)
+    assert cut["runs"] == ((0, 1), (2, -(-coded_end // 256) - 2)) and cut["parts"] == 2
+    # three queries: rows per kv head grow, the chunks read do not (the same history)
+    many = _cache._plan(cache, 4, t=3)
+    assert many["rows"] == 6 and many["runs"] == whole["runs"]
+    # the workspace: every part inside it, in the documented order, 64-byte aligned
+    for p in (whole, cut, many):
+        offsets = [p[k] for k in ("q_lo", "c_hi", "c_lo", "bias", "pos0_logit", "q_float",
+                                  "v_pos0", "residual", "left", "run_m", "run_l", "states",
+                                  "windows", "workers")]
+        assert offsets == sorted(offsets) and all(o % 64 == 0 for o in offsets)
+        assert p["end"] == p["workers"] + p["threads"] * p["worker_bytes"]
+        assert p["windows"] - p["states"] == hkv * p["nvis"] * p["parts"] * p["state_bytes"]
+    ia.set_num_threads(2)
+    assert _cache._plan(cache, 16)["threads"] == 2           # 1000 tokens of 8 rows pay for two

@@ -158,7 +158,7 @@ def run_int8attn(case, budget, rng):
     out = np.empty((case.h, case.d), np.float32)
     with _setting(isa, _cache._set_isa, case.tier) as tier, \
             _setting(get_num_threads, set_num_threads, case.threads) as max_threads:
-        used = _cache._decode_threads(caches[0], case.h)
+        used = _cache._plan(caches[0], case.h)["threads"]
         got = caches[0].decode(q, q_bits=case.q_bits)
         decode = _timed(lambda i: caches[i].decode(q, q_bits=case.q_bits, out=out), copies, 20, budget)
         probe = _timed(lambda i: _cache._stream_read(caches[i], used), copies, 20, budget)

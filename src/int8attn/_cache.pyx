@@ -7,9 +7,11 @@ turns the engine's status into an exception. Public names are re-exported by ``i
 names starting with an underscore are private (tests and benchmarks use them)."""
 
 from cython.view cimport array as cvarray
-from libc.stdint cimport int8_t, int32_t, uint8_t, uint16_t, uint64_t
+from libc.stdint cimport int8_t, uint8_t, uint16_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
+
+from ._capi cimport *
 
 import os
 
@@ -19,128 +21,6 @@ from . import _args
 from . import _format as F
 from . import _state
 from . import _tiers
-
-
-cdef extern from "_simd/dispatch.h" nogil:
-    enum:
-        I8A_CHUNK
-        I8A_MAX_HEAD_DIM
-        I8A_V_TILE
-        I8A_K4_GROUP
-        I8A_NIB_BLOCK
-    ctypedef struct i8a_query:
-        size_t d, nq
-        int two_planes
-        const int8_t *q_hi
-        const int8_t *q_lo
-        const float *c_hi
-        const float *c_lo
-        float softcap, inv_softcap
-        const float *bias
-    ctypedef struct i8a_span:
-        const int8_t *k
-        const int8_t *v
-        const float *ks
-        const float *vs
-        size_t n
-        size_t v_lead
-        const int8_t *next_k
-        const int8_t *next_v
-        size_t next_n
-        const uint8_t *k4
-        const uint8_t *v4
-    ctypedef struct i8a_state:
-        float *m
-        float *l
-        float *o
-    ctypedef struct i8a_kernels:
-        const char *name
-        unsigned requires
-        int (*quantize_row)(const float *x, size_t d, int8_t *codes, float *scale) noexcept nogil
-        void (*attend)(const i8a_query *q, const i8a_span *kv, float *scratch,
-                       const i8a_state *out) noexcept nogil
-        void (*rotate)(const float *x, size_t d, const float *sign, int inverse,
-                       float *y) noexcept nogil
-        float (*half_row)(const float *x, size_t d, uint16_t *h) noexcept nogil
-    ctypedef struct i8a_probe:
-        const char *name
-    const i8a_kernels i8a_tiers[]
-    const i8a_probe i8a_probes[]
-    unsigned i8a_cpu_features()
-
-
-cdef extern from "_engine.h" nogil:
-    enum:
-        I8A_OFFSET_MIN_ROWS
-        I8A_RECENT_MAX
-    float I8A_VALUE_MAX
-    float I8A_QSCALE_MAX
-    ctypedef struct i8a_cache:
-        int8_t *k_codes
-        int8_t *v_codes
-        float *k_scale
-        float *v_scale
-        size_t n_kv_heads, max_seq, head_dim, length
-        const float *k_sign
-        const float *v_sign
-        float *k_first
-        float *v_first
-        float *k_offset
-        float *v_offset
-        int offsets_set
-        size_t recent, ring
-        uint16_t *k_recent
-        uint16_t *v_recent
-        float *k_rscale
-        float *v_rscale
-        size_t ring_shift, held_from
-        void *work
-        size_t work_bytes
-        int k_bits, v_bits
-        uint8_t *k4
-        uint16_t *k4_min
-        uint16_t *k4_step
-        float *k4_min_scale
-        float *k4_step_scale
-        uint8_t *v4
-        float *v4_min
-    ctypedef struct i8a_options:
-        float scale
-        int q_bits
-        size_t window, sinks
-        float softcap
-    void i8a_cache_free_work(i8a_cache *c)
-    size_t i8a_k4_groups(size_t cap)
-    void *i8a_alloc_aligned(size_t bytes)
-    void i8a_free_aligned(void *p)
-    void i8a_rotation_signs(uint64_t seed, size_t d, float *sign)
-    int i8a_append(const i8a_kernels *kt, i8a_cache *c, const float *k, const float *v,
-                   size_t t, size_t *bad)
-    void i8a_truncate(const i8a_kernels *kt, i8a_cache *c, size_t n)
-    size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
-                              size_t max_threads)
-    int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *q,
-                         size_t t, size_t h, const i8a_options *opt, size_t max_threads,
-                         float *out, size_t *bad)
-    void i8a_dequantize(const i8a_kernels *kt, const i8a_cache *c, float *k, float *v)
-    void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n)
-    uint64_t i8a_stream_read(const i8a_probe *probe, const i8a_cache *c, size_t threads)
-
-
-cdef extern from "_guard.h" nogil:
-    int i8a_try_acquire(int *flag)
-    void i8a_release(int *flag)
-    const i8a_kernels *i8a_load_tier(const i8a_kernels **slot)
-    void i8a_store_tier(const i8a_kernels **slot, const i8a_kernels *tier)
-    size_t i8a_load_size(const size_t *slot)
-    void i8a_store_size(size_t *slot, size_t value)
-
-
-cdef extern from "_pool.h" nogil:
-    enum:
-        I8A_MAX_THREADS
-    size_t i8a_cpus_available()
-
 
 # the C limits are the ones _format states (its docstring)
 for _name, _c_value in (("CHUNK", I8A_CHUNK), ("MAX_HEAD_DIM", I8A_MAX_HEAD_DIM), ("V_TILE", I8A_V_TILE),
@@ -1010,14 +890,27 @@ cdef i8a_options _no_options():
     return opt
 
 
-def _decode_threads(KVCache cache, h, t=1):
-    """Threads a decode of t positions of h query heads (no window) would use now."""
+def _plan(KVCache cache, h, t=1, window=None, sinks=0):
+    """The plan a decode of t positions of h query heads would run now (i8a_plan_decode), as a
+    dict: the visible chunks as two runs ("runs": ((begin, count), (begin, count))), the item
+    and thread counts, the cost model's work and the workspace's offsets and size (_engine.h
+    says what each is). window and sinks as in decode; the other options do not change it."""
     cdef i8a_options opt = _no_options()
+    cdef i8a_plan p
+    cdef dict plan
     cache._enter()
     try:
-        return i8a_decode_threads(&cache._c, t, h, &opt, i8a_load_size(&_threads))
+        _, _, _, _, _, w, n, _ = _args.decode(np.zeros((t, h, cache._c.head_dim), np.float32),
+                                              None, 16, None, window, sinks, None,
+                                              cache._c.length, cache._c.n_kv_heads,
+                                              cache._c.head_dim, cache._c.max_seq)
+        opt.window, opt.sinks = w, n
+        p = i8a_plan_decode(&cache._c, t, h, &opt, i8a_load_size(&_threads))
     finally:
         cache._leave()
+    plan = p                                  # (a dict of the struct's fields)
+    plan["runs"] = ((p.runs.begin[0], p.runs.count[0]), (p.runs.begin[1], p.runs.count[1]))
+    return plan
 
 
 def _stream_read(KVCache cache, threads=None):
@@ -1030,7 +923,8 @@ def _stream_read(KVCache cache, threads=None):
     cdef uint64_t x
     cache._enter()
     try:
-        n = (i8a_decode_threads(&cache._c, 1, cache._c.n_kv_heads, &opt, i8a_load_size(&_threads))
+        n = (i8a_plan_decode(&cache._c, 1, cache._c.n_kv_heads, &opt,
+                             i8a_load_size(&_threads)).threads
              if threads is None else _args.int_from(threads, "threads", 1))
         with nogil:
             x = i8a_stream_read(best, &cache._c, n)

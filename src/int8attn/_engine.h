@@ -130,14 +130,50 @@ typedef struct {
     float softcap;      /* > 0: logits become softcap * tanh(logit / softcap); 0: off */
 } i8a_options;
 
-/* Threads a decode of t queries of h heads uses: at most max_threads, fewer when the tokens
- * it reads are too few to pay for waking another thread. */
-size_t i8a_decode_threads(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
-                          size_t max_threads);
+/* The chunks a decode reads, in position order: two runs of consecutive chunks (the sinks',
+ * then the window's; the second empty when they meet). */
+typedef struct {
+    size_t begin[2], count[2];
+} i8a_chunk_runs;
+
+/* The plan of one decode (i8a_plan_decode): what it reads, how it splits over threads, and its
+ * workspace, every part at a 64-byte aligned offset from the start (R = rows, query rows per kv
+ * head; q_hi at offset 0):
+ *   q_hi, q_lo [hkv][R][d] int8;  c_hi, c_lo, bias, pos0_logit [hkv][R] float;
+ *   q_float [hkv][R][d] float, q times the softmax scale as given (the recent window's dots,
+ *     and K at 4 bits; absent otherwise);
+ *   v_pos0 [hkv][d] float, position 0's V row in the stored space;  residual [d] float;
+ *   left [hkv] atomic: items not yet done per kv head;  run_m, run_l [hkv][R] float;
+ *   states: per (kv head, visible chunk, part) the state of R rows, state_bytes each
+ *     (o [R][d], m [R], l [R]); the part is 0 for the sinks and 1 for the window when both are
+ *     on, else 0;
+ *   windows: with a recent window, per kv head the state of R rows over it (the same shape);
+ *   workers: per thread the attend scratch, worker_bytes each; end: the workspace's size. */
+typedef struct {
+    i8a_chunk_runs runs;    /* the visible chunks */
+    size_t nvis;            /* their number: runs.count[0] + runs.count[1] */
+    size_t rows;            /* query rows per kv head: t * (h / hkv) */
+    size_t parts;           /* states per (kv head, chunk): 2 with sinks under a window, else 1 */
+    size_t per_head;        /* items per kv head: nvis, and one for the recent window */
+    size_t items;           /* hkv * per_head: the pool job's items, chunks first (kv head by
+                             * kv head), then the windows */
+    size_t work;            /* the cost model's estimate (units of I8A_ROWS_PER_THREAD) */
+    size_t threads;         /* threads the items run on */
+    size_t q_lo, c_hi, c_lo, bias, pos0_logit, q_float, v_pos0, residual, left, run_m, run_l;
+    size_t states, windows, workers, end;
+    size_t state_bytes, worker_bytes;
+} i8a_plan;
+
+/* The plan of a decode of t queries of h heads (1 <= t <= len, h a multiple of hkv) with
+ * options opt, on at most max_threads threads (fewer when the rows it reads are too few to pay
+ * for waking another thread). i8a_decode runs exactly this plan (a batch, one thread count for
+ * all its caches from the work of all). Reads the cache's length and format only. */
+i8a_plan i8a_plan_decode(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
+                         size_t max_threads);
 
 /* out[t][h][d] = attention of q[t][h][d] over the cache (1 <= t <= len), query head r reading kv
  * head r / (h / hkv): the whole decode in one call, planned once. The work splits into (kv
- * head, chunk) items over up to max_threads threads (i8a_decode_threads); each K/V row is read
+ * head, chunk) items over up to max_threads threads (i8a_plan_decode); each K/V row is read
  * once for all t queries of a kv head, and chunks no query sees are not read. Results merge in
  * position order, so the output does not depend on the thread count. The workspace is the
  * cache's own (c->work, grown here), so one cache decodes in one thread at a time. Requires

@@ -1,8 +1,7 @@
 /* Every supported tier against the scalar tier, bit for bit, straight through the C driver.
  * A fast check for cross-compiled builds run under qemu-user (the Python tests cover the rest):
- *   cc -O2 -ffp-contract=off -Isrc/int8attn tests/c/tiers_agree.c src/int8attn/_engine.c \
- *      src/int8attn/_cpu.c src/int8attn/_pool.c src/int8attn/_simd/kernels.c -lm -pthread \
- *      && ./a.out
+ *   cc -O2 -ffp-contract=off -Isrc/int8attn tests/c/tiers_agree.c \
+ *      $(grep -v '^#' src/int8attn/csources.txt) -lm -pthread && ./a.out
  * Prints one line per tier, with a digest of its outputs over every case (FNV-1a of the bytes:
  * equal digests before and after a change that must not move a bit), and exits non-zero on any
  * difference. */

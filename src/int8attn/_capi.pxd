@@ -1,0 +1,136 @@
+# cython: language_level=3
+"""The C declarations the compiled front end (_cache.pyx) uses: the tier table (_simd/dispatch.h),
+the engine's public API (_engine.h), the atomics (_guard.h) and the pool's limits (_pool.h).
+Only what the front end reads is declared; the headers are the reference."""
+
+from libc.stdint cimport int8_t, uint8_t, uint16_t, uint64_t
+
+
+cdef extern from "_simd/dispatch.h" nogil:
+    enum:
+        I8A_CHUNK
+        I8A_MAX_HEAD_DIM
+        I8A_V_TILE
+        I8A_K4_GROUP
+        I8A_NIB_BLOCK
+    ctypedef struct i8a_query:
+        size_t d, nq
+        int two_planes
+        const int8_t *q_hi
+        const int8_t *q_lo
+        const float *c_hi
+        const float *c_lo
+        float softcap, inv_softcap
+        const float *bias
+    ctypedef struct i8a_span:
+        const int8_t *k
+        const int8_t *v
+        const float *ks
+        const float *vs
+        size_t n
+        size_t v_lead
+        const int8_t *next_k
+        const int8_t *next_v
+        size_t next_n
+        const uint8_t *k4
+        const uint8_t *v4
+    ctypedef struct i8a_state:
+        float *m
+        float *l
+        float *o
+    ctypedef struct i8a_kernels:
+        const char *name
+        unsigned requires
+        int (*quantize_row)(const float *x, size_t d, int8_t *codes, float *scale) noexcept nogil
+        void (*attend)(const i8a_query *q, const i8a_span *kv, float *scratch,
+                       const i8a_state *out) noexcept nogil
+        void (*rotate)(const float *x, size_t d, const float *sign, int inverse,
+                       float *y) noexcept nogil
+        float (*half_row)(const float *x, size_t d, uint16_t *h) noexcept nogil
+    ctypedef struct i8a_probe:
+        const char *name
+    const i8a_kernels i8a_tiers[]
+    const i8a_probe i8a_probes[]
+    unsigned i8a_cpu_features()
+
+
+cdef extern from "_engine.h" nogil:
+    enum:
+        I8A_OFFSET_MIN_ROWS
+        I8A_RECENT_MAX
+    float I8A_VALUE_MAX
+    float I8A_QSCALE_MAX
+    ctypedef struct i8a_cache:
+        int8_t *k_codes
+        int8_t *v_codes
+        float *k_scale
+        float *v_scale
+        size_t n_kv_heads, max_seq, head_dim, length
+        const float *k_sign
+        const float *v_sign
+        float *k_first
+        float *v_first
+        float *k_offset
+        float *v_offset
+        int offsets_set
+        size_t recent, ring
+        uint16_t *k_recent
+        uint16_t *v_recent
+        float *k_rscale
+        float *v_rscale
+        size_t ring_shift, held_from
+        void *work
+        size_t work_bytes
+        int k_bits, v_bits
+        uint8_t *k4
+        uint16_t *k4_min
+        uint16_t *k4_step
+        float *k4_min_scale
+        float *k4_step_scale
+        uint8_t *v4
+        float *v4_min
+    ctypedef struct i8a_options:
+        float scale
+        int q_bits
+        size_t window, sinks
+        float softcap
+    void i8a_cache_free_work(i8a_cache *c)
+    size_t i8a_k4_groups(size_t cap)
+    void *i8a_alloc_aligned(size_t bytes)
+    void i8a_free_aligned(void *p)
+    void i8a_rotation_signs(uint64_t seed, size_t d, float *sign)
+    int i8a_append(const i8a_kernels *kt, i8a_cache *c, const float *k, const float *v,
+                   size_t t, size_t *bad)
+    void i8a_truncate(const i8a_kernels *kt, i8a_cache *c, size_t n)
+    ctypedef struct i8a_chunk_runs:
+        size_t begin[2]
+        size_t count[2]
+    ctypedef struct i8a_plan:
+        i8a_chunk_runs runs
+        size_t nvis, rows, parts, per_head, items, work, threads
+        size_t q_lo, c_hi, c_lo, bias, pos0_logit, q_float, v_pos0, residual, left, run_m, run_l
+        size_t states, windows, workers, end
+        size_t state_bytes, worker_bytes
+    i8a_plan i8a_plan_decode(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
+                             size_t max_threads)
+    int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *q,
+                         size_t t, size_t h, const i8a_options *opt, size_t max_threads,
+                         float *out, size_t *bad)
+    void i8a_dequantize(const i8a_kernels *kt, const i8a_cache *c, float *k, float *v)
+    void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n)
+    uint64_t i8a_stream_read(const i8a_probe *probe, const i8a_cache *c, size_t threads)
+
+
+cdef extern from "_guard.h" nogil:
+    int i8a_try_acquire(int *flag)
+    void i8a_release(int *flag)
+    const i8a_kernels *i8a_load_tier(const i8a_kernels **slot)
+    void i8a_store_tier(const i8a_kernels **slot, const i8a_kernels *tier)
+    size_t i8a_load_size(const size_t *slot)
+    void i8a_store_size(size_t *slot, size_t value)
+
+
+cdef extern from "_pool.h" nogil:
+    enum:
+        I8A_MAX_THREADS
+    size_t i8a_cpus_available()

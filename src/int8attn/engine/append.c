@@ -1,0 +1,259 @@
+/* append and truncate: which rows a position is coded from (the append's own, or the ring's
+ * halves), their codes and scales, K's groups at 4 bits, and the ring of the recent window. */
+#include "internal.h"
+
+#include <string.h>
+
+const float *i8a_row_at(const row_source *src, size_t pos, size_t g, float *tmp)
+{
+    const i8a_cache *c = src->c;
+    const size_t d = c->head_dim;
+    if (pos < src->x_from) {
+        widen_row(c, src->ring, src->ring_scale, g, slot_of(c, pos), tmp);
+        return tmp;
+    }
+    const float *x = src->x + ((pos - src->x_from) * c->n_kv_heads + g) * d;
+    if (!c->recent || pos == 0 || pos > c->recent)
+        return x;
+    uint16_t h[I8A_MAX_HEAD_DIM];
+    widen(h, src->kt->half_row(x, d, h), d, tmp);
+    return tmp;
+}
+
+/* K at 4 bits: position pos of kv head g as its group is coded from it: the append's row
+ * rounded as the ring rounds it (so the codes do not depend on how appends were split), the
+ * ring's row, or (its floats gone after a truncate deeper than the ring) its codes' value. tmp
+ * [d] holds the row. */
+static const float *k4_row(const row_source *src, size_t pos, size_t g, float *tmp)
+{
+    const i8a_cache *c = src->c;
+    const size_t d = c->head_dim;
+    if (pos >= src->x_from) {
+        uint16_t h[I8A_MAX_HEAD_DIM];
+        const float *x = src->x + ((pos - src->x_from) * c->n_kv_heads + g) * d;
+        widen(h, src->kt->half_row(x, d, h), d, tmp);
+    } else if (pos >= c->held_from) {
+        widen_row(c, src->ring, src->ring_scale, g, slot_of(c, pos), tmp);
+    } else {
+        i8a_k4_value(c, g, pos, tmp);
+    }
+    return tmp;
+}
+
+/* Code group grp of kv head g at 4 bits, its positions all appended (rows by k4_row): per
+ * channel lo = min, hi = max over the group's positions (not position 0 when it is kept
+ * apart); the minima as halves times a power of two (the tier's half_row), min_i their value;
+ * the steps max((hi_i - min_i) / 15, 0) the same way, step_i their value; code = clamp(rint((x -
+ * min_i) * inv_i), 0, 15) with inv_i = 1 / step_i (0 when step_i is 0). */
+static void k4_code_group(const i8a_kernels *kt, i8a_cache *c, const row_source *src, size_t g,
+                          size_t grp)
+{
+    const size_t d = c->head_dim, first = grp * I8A_K4_GROUP, end = first + I8A_K4_GROUP;
+    const size_t from = c->k_first && first == 0 ? 1 : first;
+    const size_t at = g * i8a_k4_groups(c->max_seq) + grp;
+    float lo[I8A_MAX_HEAD_DIM], hi[I8A_MAX_HEAD_DIM], tmp[I8A_MAX_HEAD_DIM];
+    uint16_t hm[I8A_MAX_HEAD_DIM], hs[I8A_MAX_HEAD_DIM];
+    for (size_t pos = from; pos < end; pos++) {
+        const float *x = k4_row(src, pos, g, tmp);
+        for (size_t i = 0; i < d; i++) {
+            lo[i] = pos == from || x[i] < lo[i] ? x[i] : lo[i];
+            hi[i] = pos == from || x[i] > hi[i] ? x[i] : hi[i];
+        }
+    }
+    const float sm = kt->half_row(lo, d, hm);
+    for (size_t i = 0; i < d; i++) {
+        lo[i] = i8a_half_value(hm[i]) * sm;
+        const float step = (hi[i] - lo[i]) / 15.0f;
+        hi[i] = step > 0.0f ? step : 0.0f;
+    }
+    const float ss = kt->half_row(hi, d, hs);
+    for (size_t i = 0; i < d; i++) {
+        const float step = i8a_half_value(hs[i]) * ss;
+        hi[i] = step > 0.0f ? 1.0f / step : 0.0f;                  /* now the inverses */
+    }
+    /* every position's codes before the group's new minima and steps are stored: a position
+     * without floats is read from its old codes by its old ones */
+    for (size_t pos = first; pos < end; pos++) {
+        const float *x = k4_row(src, pos, g, tmp);
+        uint8_t *row = k4_row_codes(c, g, pos);
+        for (size_t i = 0; i < d; i++) {
+            float r = rintf((x[i] - lo[i]) * hi[i]);
+            r = r > 15.0f ? 15.0f : r;
+            nib_set(row + i / I8A_NIB_BLOCK * 16 + i % 16, i, (unsigned)(r > 0.0f ? r : 0.0f));
+        }
+    }
+    memcpy(c->k4_min + at * d, hm, d * sizeof(uint16_t));
+    memcpy(c->k4_step + at * d, hs, d * sizeof(uint16_t));
+    c->k4_min_scale[at] = sm;
+    c->k4_step_scale[at] = ss;
+}
+
+/* One row into codes and scale: rotated when the cache rotates, minus off when off != NULL.
+ * The row is in range, so it stays finite through the rotation and the offset
+ * (I8A_VALUE_MAX) and the quantizer cannot fail. */
+static void store_row(const i8a_kernels *kt, const i8a_cache *c, const float *sign,
+                      const float *x, const float *off, int8_t *codes, float *scale)
+{
+    float tmp[I8A_MAX_HEAD_DIM];
+    const float *y = maybe_rotated(kt, c, sign, x, tmp);
+    if (off) {
+        for (size_t i = 0; i < c->head_dim; i++)
+            tmp[i] = y[i] - off[i];
+        y = tmp;
+    }
+    kt->quantize_row(y, c->head_dim, codes, scale);
+}
+
+/* Quantize positions [a, b) of both sides from src_k / src_v into their codes (centered past
+ * position 0 when the offsets hold), checking the rows that come from the append (in_range)
+ * as it goes. Returns 0, or 1 / 2 when a K / V row is out of range, with *bad = (pos - x_from)
+ * * hkv + head of the first (row order, K before V); the codes up to it are then written, which
+ * changes nothing while the length is not committed. */
+static int code_rows(const i8a_kernels *kt, const i8a_cache *c, const row_source *src_k,
+                     const row_source *src_v, size_t a, size_t b, size_t *bad)
+{
+    const size_t d = c->head_dim, hkv = c->n_kv_heads;
+    for (size_t pos = a; pos < b; pos++) {
+        const int given = pos >= src_k->x_from;             /* the ring's rows were checked */
+        for (size_t g = 0; g < hkv; g++) {
+            const size_t row = g * c->max_seq + pos;
+            const int centered = has_offsets(c) && pos >= 1;
+            if (given) {
+                const size_t at = ((pos - src_k->x_from) * hkv + g) * d;
+                const int bad_k = !in_range(src_k->x + at, d);
+                if (bad_k || !in_range(src_v->x + at, d)) {
+                    *bad = (pos - src_k->x_from) * hkv + g;
+                    return bad_k ? 1 : 2;
+                }
+            }
+            float tk[I8A_MAX_HEAD_DIM], tv[I8A_MAX_HEAD_DIM];
+            if (c->k_bits == 8)             /* (at 4 bits K is coded by groups: k4_code_group) */
+                store_row(kt, c, c->k_sign, i8a_row_at(src_k, pos, g, tk),
+                          centered ? c->k_offset + g * d : NULL, c->k_codes + row * d,
+                          c->k_scale + row);
+            if (c->v_bits == 8) {
+                int8_t vc[I8A_MAX_HEAD_DIM];
+                store_row(kt, c, c->v_sign, i8a_row_at(src_v, pos, g, tv),
+                          centered ? c->v_offset + g * d : NULL, vc, c->v_scale + row);
+                i8a_v_put(c, g, pos, vc);
+            } else {
+                float rv[I8A_MAX_HEAD_DIM];
+                const float *y = i8a_row_at(src_v, pos, g, tv);
+                i8a_v4_store(c, g, pos, maybe_rotated(kt, c, c->v_sign, y, rv));
+            }
+        }
+    }
+    return 0;
+}
+
+int i8a_append(const i8a_kernels *kt, i8a_cache *c, const float *k, const float *v, size_t t,
+               size_t *bad)
+{
+    const size_t d = c->head_dim, hkv = c->n_kv_heads, len = c->length, end = len + t;
+    I8A_EXPECT(end <= c->max_seq && t >= 1);
+    I8A_EXPECT(d % 16 == 0 && d >= 16 && d <= I8A_MAX_HEAD_DIM && hkv >= 1);
+    I8A_EXPECT(!c->k_offset || c->k_first);
+    I8A_EXPECT(c->recent ? c->ring >= 1 && c->k_recent && c->v_recent : c->ring == 0);
+    I8A_EXPECT(c->k_bits == 8 || (c->k4 && !c->k_sign && !c->k_offset && c->recent >= I8A_K4_GROUP));
+    I8A_EXPECT(c->v_bits == 8 || (c->v4 && c->v4_min && !c->v_offset));
+    I8A_EXPECT((c->k_bits == 8 && c->v_bits == 8) || d % I8A_NIB_BLOCK == 0);
+    /* Nothing that outlives a failed append is written before every row is known to be in
+     * range: the codes and scales of positions len .. are not the cache's until len grows,
+     * and k_first counts only once it does; the offsets and the ring are written after. */
+    const row_source src_k = {kt, c, k, c->k_recent, c->k_rscale, len};
+    const row_source src_v = {kt, c, v, c->v_recent, c->v_rscale, len};
+    size_t to = 0;                      /* the offsets come from positions 1 .. to-1 */
+    if (c->k_offset && !c->offsets_set && !c->recent && end >= 2)
+        to = end;                                           /* this append's rows past 0 */
+    else if (c->k_offset && !c->offsets_set && c->recent && end >= c->recent + 1)
+        to = c->recent + 1;                                 /* positions 1 .. R */
+    if (to) {                           /* the offsets first: every row checked before */
+        for (size_t r = 0; r < t * hkv; r++) {
+            if (!in_range(k + r * d, d) || !in_range(v + r * d, d)) {
+                *bad = r;
+                return in_range(k + r * d, d) ? 2 : 1;
+            }
+        }
+        i8a_set_offset(kt, &src_k, 1, to, c->k_sign, c->k_offset);
+        i8a_set_offset(kt, &src_v, 1, to, c->v_sign, c->v_offset);
+        c->offsets_set = 1;
+    }
+    if (c->k_first && len == 0) {
+        for (size_t g = 0; g < hkv; g++) {
+            memcpy(c->k_first + g * d, k + g * d, d * sizeof(float));
+            memcpy(c->v_first + g * d, v + g * d, d * sizeof(float));
+        }
+    }
+    const int rc = code_rows(kt, c, &src_k, &src_v, len, end, bad);
+    if (rc != 0)
+        return rc;                      /* (never after the offsets were set: checked there) */
+    if (to && len > 1)                  /* the rows coded uncentered so far, again */
+        code_rows(kt, c, &src_k, &src_v, 1, len, bad);
+    if (c->k_bits == 4)                 /* the K groups this append fills, before the ring moves */
+        for (size_t grp = len / I8A_K4_GROUP; (grp + 1) * I8A_K4_GROUP <= end; grp++)
+            for (size_t g = 0; g < hkv; g++)
+                k4_code_group(kt, c, &src_k, g, grp);
+    if (c->recent) {                    /* the latest `ring` rows into the ring */
+        const size_t from = end > c->ring && end - c->ring > len ? end - c->ring : len;
+        for (size_t pos = from; pos < end; pos++) {
+            for (size_t g = 0; g < hkv; g++) {
+                const size_t at = g * c->ring + slot_of(c, pos), x = ((pos - len) * hkv + g) * d;
+                c->k_rscale[at] = kt->half_row(k + x, d, c->k_recent + at * d);
+                c->v_rscale[at] = kt->half_row(v + x, d, c->v_recent + at * d);
+            }
+        }
+        if (end > c->ring && end - c->ring > c->held_from)
+            c->held_from = end - c->ring;
+    } else {
+        c->held_from = end;
+    }
+    c->length = end;
+    return 0;
+}
+
+/* K at 4 bits after a truncate from len to n: the groups no longer complete hold what they
+ * held before they were first coded (zeros), so that the cache holds what it held after its
+ * n-th append; but the first of them keeps its codes when some of its positions have no
+ * floats left (a truncate deeper than the ring), which then serve those positions. */
+static void k4_forget_groups(i8a_cache *c, size_t len, size_t n)
+{
+    const size_t d = c->head_dim, groups = i8a_k4_groups(c->max_seq);
+    size_t first = n / I8A_K4_GROUP;
+    if (c->held_from > first * I8A_K4_GROUP)
+        first++;
+    const size_t end = i8a_k4_groups(len);
+    if (first >= end)
+        return;
+    const size_t rows = (len < end * I8A_K4_GROUP ? len : end * I8A_K4_GROUP) - first * I8A_K4_GROUP;
+    for (size_t g = 0; g < c->n_kv_heads; g++) {
+        const size_t at = g * groups + first;
+        memset(k4_row_codes(c, g, first * I8A_K4_GROUP), 0, rows * (d / 2));
+        memset(c->k4_min + at * d, 0, (end - first) * d * sizeof(uint16_t));
+        memset(c->k4_step + at * d, 0, (end - first) * d * sizeof(uint16_t));
+        memset(c->k4_min_scale + at, 0, (end - first) * sizeof(float));
+        memset(c->k4_step_scale + at, 0, (end - first) * sizeof(float));
+    }
+}
+
+void i8a_truncate(const i8a_kernels *kt, i8a_cache *c, size_t n)
+{
+    I8A_EXPECT(n <= c->length);
+    const size_t len = c->length;
+    c->length = n;
+    c->held_from = c->held_from < n ? c->held_from : n;
+    if (c->k_bits == 4)
+        k4_forget_groups(c, len, n);
+    if (!has_offsets(c))
+        return;
+    if (!c->recent && n <= 1) {
+        c->offsets_set = 0;
+    } else if (c->recent && n <= c->recent && c->held_from <= 1) {
+        /* back to before the offsets: the rows past position 0 coded uncentered again, as the
+         * appends that brought the cache to n tokens left them */
+        const row_source src_k = {kt, c, NULL, c->k_recent, c->k_rscale, n};
+        const row_source src_v = {kt, c, NULL, c->v_recent, c->v_rscale, n};
+        c->offsets_set = 0;
+        size_t unused;
+        code_rows(kt, c, &src_k, &src_v, 1, n, &unused);
+    }
+}

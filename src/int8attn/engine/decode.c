@@ -1,0 +1,290 @@
+/* The executor: a decode's workspace and q planes (prepare), its (kv head, chunk) items on the
+ * pool (decode_range), and a batch of caches as one pool job. */
+#include "internal.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../_pool.h"
+
+/* The workspace holds at least `bytes` (64-byte aligned): grown by half again at least, so a
+ * growing cache reallocates rarely. 0, or -1 when it cannot be allocated (then unchanged). */
+static int reserve_work(i8a_cache *c, size_t bytes)
+{
+    if (c->work_bytes >= bytes)
+        return 0;
+    size_t grown = c->work_bytes + c->work_bytes / 2;
+    grown = grown > bytes ? grown : bytes;
+    void *p = i8a_alloc_aligned(grown);
+    if (!p)
+        return -1;
+    i8a_free_aligned(c->work);
+    c->work = p;
+    c->work_bytes = grown;
+    return 0;
+}
+
+void i8a_cache_free_work(i8a_cache *c)
+{
+    i8a_free_aligned(c->work);
+    c->work = NULL;
+    c->work_bytes = 0;
+}
+
+/* The two q planes of one query row: q_hi, s_hi quantize q; q_lo, s_lo quantize the residual
+ * q - float(q_hi) * s_hi (multiply, then subtract). The plane scales times the softmax scale
+ * are what the logits use. */
+static int prepare_q(const i8a_kernels *kt, const float *q, size_t d, int two_planes,
+                     float scale, int8_t *q_hi, int8_t *q_lo, float *c_hi, float *c_lo,
+                     float *residual)
+{
+    float s_hi, s_lo = 0.0f;
+    if (kt->quantize_row(q, d, q_hi, &s_hi) != 0)
+        return -1;
+    if (two_planes) {
+        for (size_t i = 0; i < d; i++)
+            residual[i] = q[i] - (float)q_hi[i] * s_hi;
+        kt->quantize_row(residual, d, q_lo, &s_lo);
+    } else {
+        memset(q_lo, 0, d);
+    }
+    *c_hi = s_hi * scale;
+    *c_lo = s_lo * scale;
+    return 0;
+}
+
+/* (x . y) * scale over d floats, summed in double in index order, rounded to float once (the
+ * dot of two rows in range can exceed float32's range before the scale brings it back). */
+static float dot_scaled(const float *x, const float *y, size_t d, float scale)
+{
+    double acc = 0.0;
+    for (size_t i = 0; i < d; i++)
+        acc += (double)x[i] * (double)y[i];
+    return (float)(acc * (double)scale);
+}
+
+/* Items [begin, end) of a decode: first every (kv head, visible chunk), kv head by kv head, then
+ * every kv head's recent window. The windows come last so that each chunk prefetches the next
+ * one (across kv heads too) as in a cache without a window; a window between two chunks broke
+ * that chain, and the chunk after it started cold (3-4% at 2048 tokens, one thread). The
+ * last chunk prefetches the first window. */
+static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size_t worker)
+{
+    const decode_job *job = (const decode_job *)ctx;
+    const i8a_cache *c = job->c;
+    const size_t nq = job->nq, rows = job->L.rows, nvis = job->L.nvis;
+    const size_t chunks = c->n_kv_heads * nvis, items = c->n_kv_heads * job->L.per_head;
+    float *scratch = (float *)(job->base + job->L.workers + worker * job->L.worker_bytes);
+    atomic_size_t *left = (atomic_size_t *)(job->base + job->L.left);
+    for (size_t item = begin; item < end; item++) {
+        if (item >= chunks) {                               /* a kv head's recent window */
+            const size_t g = item - chunks;
+            i8a_window_item(job, g);
+            if (atomic_fetch_sub_explicit(left + g, 1, memory_order_acq_rel) == 1)
+                i8a_finish_head(job, g);
+            continue;
+        }
+        const size_t g = item / nvis, vi = item % nvis;
+        const size_t chunk = i8a_visible_chunk(&job->L.runs, vi);
+        const i8a_span whole_span = i8a_chunk_span(c, g, chunk);
+        const size_t c0 = i8a_chunk_start(c, chunk), c1 = c0 + whole_span.n;
+        for (size_t part = 0; part < job->L.parts; part++) {
+            const i8a_state st = state_at(job, g, vi, part, 0);
+            for (size_t r = 0; r < rows; r++)
+                st.m[r] = -INFINITY;                        /* empty until attended */
+        }
+        /* the whole chunk for every query: one pass serves all rows */
+        int whole = 1;
+        for (size_t tt = 0; tt < job->t && whole; tt++) {
+            const visible_ranges v = i8a_visible(c, job->t, tt, job->opt);
+            whole = v.win_begin <= c0 && c1 <= v.win_end;
+        }
+        const size_t then = item + 1 < end ? item + 1 : after;   /* this thread's next item */
+        i8a_span next = {0};
+        if (then < chunks)
+            next = i8a_chunk_span(c, then / nvis, i8a_visible_chunk(&job->L.runs, then % nvis));
+        else if (then < items)
+            next = i8a_window_span(c, then - chunks);
+        if (has_four(c))
+            i8a_prefetch_four(c, &next);
+        if (whole) {
+            i8a_span span = whole_span;
+            i8a_hint_next(&span, &next);
+            const i8a_query q = query_at(job, g, 0, rows);
+            const i8a_state st = state_at(job, g, vi, job->L.parts - 1, 0);
+            I8A_EXPECT(span.n >= 1 && span.n <= I8A_CHUNK && q.nq >= 1);
+            (has_four(c) ? job->kt->attend4 : job->kt->attend)(&q, &span, scratch, &st);
+        } else {
+            for (size_t tt = 0; tt < job->t; tt++) {
+                const visible_ranges v = i8a_visible(c, job->t, tt, job->opt);
+                const size_t range[2][2] = {{v.sink_begin, v.sink_end}, {v.win_begin, v.win_end}};
+                for (size_t k = 0; k < 2; k++) {
+                    const size_t a = range[k][0] > c0 ? range[k][0] : c0;
+                    const size_t b = range[k][1] < c1 ? range[k][1] : c1;
+                    if (a >= b)
+                        continue;
+                    i8a_span span = i8a_span_rows(c, g, a, b);
+                    i8a_hint_next(&span, &next);
+                    const i8a_query q = query_at(job, g, tt * nq, nq);
+                    const i8a_state st = state_at(job, g, vi, job->L.parts == 2 ? k : 0, tt * nq);
+                    I8A_EXPECT(span.n >= 1 && span.n <= I8A_CHUNK);
+                    (has_four(c) ? job->kt->attend4 : job->kt->attend)(&q, &span, scratch, &st);
+                }
+            }
+        }
+        if (atomic_fetch_sub_explicit(left + g, 1, memory_order_acq_rel) == 1)
+            i8a_finish_head(job, g);
+    }
+}
+
+/* Set up job for a decode of cache c by its plan L: its workspace, the q planes and biases, the
+ * chunk counters. Returns 0, or i8a_decode's codes with *bad the q row. */
+static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t, size_t h,
+                   const i8a_options *opt, const i8a_plan L, float *out, decode_job *job,
+                   size_t *bad)
+{
+    const size_t d = c->head_dim, hkv = c->n_kv_heads, nq = h / hkv;
+    I8A_EXPECT(t >= 1 && t <= c->length && h >= hkv && h % hkv == 0);
+    if (reserve_work(c, L.end) != 0)
+        return 3;
+    const decode_job init = {kt, c, opt, (char *)c->work, L, t, h, nq, out};
+    *job = init;
+    int8_t *q_hi = (int8_t *)job->base, *q_lo = (int8_t *)(job->base + L.q_lo);
+    float *c_hi = (float *)(job->base + L.c_hi), *c_lo = (float *)(job->base + L.c_lo);
+    float *residual = (float *)(job->base + L.residual);
+    float *bias = (float *)(job->base + L.bias);
+    float *pos0_logit = (float *)(job->base + L.pos0_logit);
+    float *q_float = (float *)(job->base + L.q_float);
+    /* |q| may reach I8A_VALUE_MAX and I8A_QSCALE_MAX / scale, whichever is lower: the largest
+     * float not above it (a float q is at most x exactly when it is at most that float) */
+    double most = (double)I8A_QSCALE_MAX / (double)opt->scale;
+    most = most < (double)I8A_VALUE_MAX ? most : (double)I8A_VALUE_MAX;
+    float q_limit = (float)most;
+    if ((double)q_limit > most)
+        q_limit = nextafterf(q_limit, 0.0f);
+    /* q rows in the order of the kernels: kv head, then query position, then head of the group */
+    for (size_t tt = 0; tt < t; tt++) {
+        for (size_t head = 0; head < h; head++) {
+            const size_t g = head / nq, r = g * L.rows + tt * nq + head % nq;
+            float tmp[I8A_MAX_HEAD_DIM];
+            const float *q0 = q + (tt * h + head) * d;
+            if (!within(q0, d, q_limit)) {
+                *bad = tt * h + head;
+                return in_range(q0, d) ? 2 : 1;
+            }
+            const float *qrow = maybe_rotated(kt, c, c->k_sign, q0, tmp);
+            /* (K at 4 bits makes each group's planes from q_float in attend4) */
+            if (c->k_bits == 8 && prepare_q(kt, qrow, d, opt->q_bits == 16, opt->scale,
+                                            q_hi + r * d, q_lo + r * d, c_hi + r, c_lo + r,
+                                            residual) != 0) {
+                *bad = tt * h + head;
+                return 1;
+            }
+            /* the logit of position 0 from its float row, and the K offset's part
+             * of every other logit (both q.x * scale, the dot in double) */
+            bias[r] = has_offsets(c)
+                ? dot_scaled(qrow, c->k_offset + g * d, d, opt->scale) : 0.0f;
+            if (c->k_first)
+                pos0_logit[r] = dot_scaled(q0, c->k_first + g * d, d, opt->scale);
+            if (c->recent || c->k_bits == 4)
+                for (size_t i = 0; i < d; i++)
+                    q_float[r * d + i] = q0[i] * opt->scale;
+        }
+    }
+    atomic_size_t *left = (atomic_size_t *)(job->base + L.left);
+    for (size_t g = 0; g < hkv; g++)
+        atomic_init(left + g, L.per_head);
+    return 0;
+}
+
+/* The items of a batch: cache b's (kv head, chunk) items are [first[b], first[b + 1]). */
+typedef struct {
+    const decode_job *jobs;
+    const size_t *first;
+} batch_job;
+
+static void batch_range(void *ctx, size_t begin, size_t end, size_t after, size_t worker)
+{
+    const batch_job *batch = (const batch_job *)ctx;
+    size_t b = 0;
+    while (batch->first[b + 1] <= begin)
+        b++;
+    while (begin < end) {
+        const size_t lo = batch->first[b], hi = batch->first[b + 1];
+        const size_t stop = end < hi ? end : hi;
+        const size_t then = stop < end ? stop : after;          /* the next item, if this cache's */
+        decode_range((void *)&batch->jobs[b], begin - lo, stop - lo,
+                     then >= lo && then < hi ? then - lo : hi - lo, worker);
+        begin = stop;
+        b++;
+    }
+}
+
+/* Jobs on the stack up to this batch size, beyond it on the heap. */
+#define I8A_BATCH_STACK 8
+
+int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *q,
+                     size_t t, size_t h, const i8a_options *opt, size_t max_threads, float *out,
+                     size_t *bad)
+{
+    I8A_EXPECT(n >= 1);
+    I8A_EXPECT(opt->scale > 0.0f && opt->scale <= FLT_MAX);
+    I8A_EXPECT(opt->q_bits == 16 || opt->q_bits == 8);
+    I8A_EXPECT(opt->window ? opt->sinks <= opt->window : opt->sinks == 0);
+    I8A_EXPECT(opt->softcap == 0.0f || (opt->softcap >= 0x1p-126f && opt->softcap <= 0x1p126f));
+    I8A_EXPECT(max_threads >= 1);
+    decode_job stack_jobs[I8A_BATCH_STACK];
+    size_t stack_first[I8A_BATCH_STACK + 1];
+    decode_job *jobs = stack_jobs;
+    size_t *first = stack_first;
+    if (n > I8A_BATCH_STACK) {
+        jobs = (decode_job *)malloc(n * sizeof *jobs);
+        first = (size_t *)malloc((n + 1) * sizeof *first);
+        if (!jobs || !first) {
+            free(jobs);
+            free(first);
+            return 3;
+        }
+    }
+    /* one thread count for the whole batch, from the work of all its caches (a batch of one
+     * runs its plan's own count) */
+    size_t work = 0;
+    first[0] = 0;
+    for (size_t b = 0; b < n; b++) {
+        jobs[b].L = i8a_plan_decode(cs[b], t, h, opt, max_threads);
+        work += jobs[b].L.work;
+        first[b + 1] = first[b] + jobs[b].L.items;
+    }
+    const size_t threads = i8a_threads_for(work, first[n], max_threads);
+    const size_t qsize = t * h * cs[0]->head_dim;
+    int rc = 0;
+    for (size_t b = 0; b < n && rc == 0; b++) {
+        I8A_EXPECT(cs[b]->head_dim == cs[0]->head_dim && cs[b]->n_kv_heads == cs[0]->n_kv_heads);
+        rc = prepare(kt, cs[b], q + b * qsize, t, h, opt,
+                     i8a_plan_with_threads(jobs[b].L, threads), out + b * qsize, &jobs[b], bad);
+        if (rc != 0 && rc != 3)
+            *bad += b * t * h;
+    }
+    if (rc == 0) {
+        for (size_t b = 0; b < n; b++)              /* a cache whose queries see only position 0 */
+            if (jobs[b].L.per_head == 0)
+                for (size_t g = 0; g < cs[b]->n_kv_heads; g++)
+                    i8a_finish_head(&jobs[b], g);
+        const batch_job batch = {jobs, first};
+        if (first[n])
+            i8a_pool_run(first[n], threads, batch_range, (void *)&batch);
+    }
+    if (n > I8A_BATCH_STACK) {
+        free(jobs);
+        free(first);
+    }
+    return rc;
+}
+
+int i8a_decode(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t, size_t h,
+               const i8a_options *opt, size_t max_threads, float *out, size_t *bad)
+{
+    return i8a_decode_batch(kt, &c, 1, q, t, h, opt, max_threads, out, bad);
+}

@@ -1,0 +1,316 @@
+/* The engine's own declarations, shared by its files (the public API is ../_engine.h).
+ *
+ *   store.c   the buffers: where each position's codes, scales and floats lie, reading and
+ *             writing them, dequantize, evict, the rotation signs, aligned allocation
+ *   append.c  append and truncate: which rows a position is coded from, quantizing them, K's
+ *             groups at 4 bits
+ *   center.c  the offsets of a centered cache
+ *   plan.c    what a decode reads and how it splits (visibility, the cost model, the workspace):
+ *             i8a_plan_decode
+ *   span.c    a chunk of one kv head as the kernels read it (i8a_span), and prefetch hints
+ *   decode.c  the executor: q planes, the (kv head, chunk) items on the pool, batches
+ *   merge.c   a kv head's rows: position 0, the recent window, the states folded in position
+ *             order, the output
+ *   probe.c   the benchmarks' bandwidth probe
+ *
+ * Calls go down: decode -> plan, span, merge -> store; append -> center -> store; probe -> span.
+ * Each file's definitions carry their comments here when another file calls them. */
+#ifndef I8A_ENGINE_INTERNAL_H
+#define I8A_ENGINE_INTERNAL_H
+
+#include <stdatomic.h>
+#include <string.h>
+
+#include "../_engine.h"
+#include "../_simd/common.h"
+
+/* -- the buffers (store.c): small accessors, inline where every file reads them ------------- */
+
+/* x itself, or (with a rotation: sign != NULL) its rotated copy in tmp. */
+static inline const float *maybe_rotated(const i8a_kernels *kt, const i8a_cache *c,
+                                         const float *sign, const float *x, float *tmp)
+{
+    if (!sign)
+        return x;
+    kt->rotate(x, c->head_dim, sign, 0, tmp);
+    return tmp;
+}
+
+/* The offsets hold: decode adds them back. */
+static inline int has_offsets(const i8a_cache *c)
+{
+    return c->k_offset != NULL && c->offsets_set;
+}
+
+/* Whether every one of the d values at x has |x| <= limit (a non-negative float): false for
+ * NaN and Inf. On the bits: without their sign, floats order as integers do, with NaN and Inf
+ * above every finite value, so one integer compare per value answers (and vectorizes, where a
+ * float compare that must fail on NaN is left scalar). */
+static inline int within(const float *x, size_t d, float limit)
+{
+    int32_t top, over = 0;               /* signed: both sides are below 2^31 */
+    memcpy(&top, &limit, sizeof top);
+    for (size_t i = 0; i < d; i++) {
+        int32_t b;
+        memcpy(&b, x + i, sizeof b);
+        over |= (b & 0x7fffffff) > top;
+    }
+    return !over;
+}
+
+static inline int in_range(const float *x, size_t d)
+{
+    return within(x, d, I8A_VALUE_MAX);
+}
+
+/* The ring slot of position pos (held: held_from <= pos < len, or being appended). */
+static inline size_t slot_of(const i8a_cache *c, size_t pos)
+{
+    return (pos + c->ring_shift) % c->ring;
+}
+
+/* V tiles per kv head: max_seq rounded up to whole tiles (dispatch.h). */
+static inline size_t v_tiles_of(const i8a_cache *c)
+{
+    return (c->max_seq + I8A_V_TILE - 1) / I8A_V_TILE;
+}
+
+/* The V tile of kv head g holding position pos. */
+static inline int8_t *v_tile(const i8a_cache *c, size_t g, size_t pos)
+{
+    return c->v_codes + (g * v_tiles_of(c) + pos / I8A_V_TILE) * I8A_V_TILE * c->head_dim;
+}
+
+/* Set the nibble of one element in its byte (dispatch.h's blocks): high for elements 16 .. 31
+ * of a block. */
+static inline void nib_set(uint8_t *byte, size_t i, unsigned code)
+{
+    *byte = i % I8A_NIB_BLOCK < 16 ? (uint8_t)((*byte & 0xf0u) | code)
+                                   : (uint8_t)((*byte & 0x0fu) | code << 4);
+}
+
+/* The V tile at 4 bits of kv head g holding position pos. */
+static inline uint8_t *v4_tile(const i8a_cache *c, size_t g, size_t pos)
+{
+    return c->v4 + (g * v_tiles_of(c) + pos / I8A_V_TILE) * 2 * c->head_dim;
+}
+
+/* The row at 4 bits of K of kv head g at position pos. */
+static inline uint8_t *k4_row_codes(const i8a_cache *c, size_t g, size_t pos)
+{
+    return c->k4 + (g * c->max_seq + pos) * (c->head_dim / 2);
+}
+
+/* Halves h [d] times their row's scale into y [d] (exact). */
+static inline void widen(const uint16_t *h, float scale, size_t d, float *y)
+{
+    for (size_t i = 0; i < d; i++)
+        y[i] = i8a_half_value(h[i]) * scale;
+}
+
+/* Row `slot` of kv head g of one side of the ring (halves h, scales s) as floats into y [d]. */
+static inline void widen_row(const i8a_cache *c, const uint16_t *h, const float *s, size_t g,
+                             size_t slot, float *y)
+{
+    const size_t at = g * c->ring + slot;
+    widen(h + at * c->head_dim, s[at], c->head_dim, y);
+}
+
+/* The first position read from the codes (position 0 is read from its float row when kept). */
+static inline size_t coded_from(const i8a_cache *c)
+{
+    return c->k_first ? 1 : 0;
+}
+
+/* The first position a query at position end - 1 reads from the recent window (end when it
+ * reads none): the last R positions up to it whose floats are held, not position 0 when it is
+ * kept apart. */
+static inline size_t float_start(const i8a_cache *c, size_t end)
+{
+    if (!c->recent)
+        return end;
+    size_t w = end > c->recent ? end - c->recent : 0;
+    w = w > c->held_from ? w : c->held_from;
+    w = w > coded_from(c) ? w : coded_from(c);
+    return w < end ? w : end;
+}
+
+/* Whether a side of the cache is at 4 bits (its chunks go to the tier's attend4). */
+static inline int has_four(const i8a_cache *c)
+{
+    return c->k_bits == 4 || c->v_bits == 4;
+}
+
+/* Chunks of every kv head's positions [0, len), in I8A_CHUNK steps. */
+static inline size_t n_chunks(const i8a_cache *c)
+{
+    return (c->length + I8A_CHUNK - 1) / I8A_CHUNK;
+}
+
+/* The V codes [d] of kv head g at position pos, into its tile / out of it. */
+void i8a_v_put(const i8a_cache *c, size_t g, size_t pos, const int8_t *codes);
+
+/* A row y [d] (finite, in the stored space) at 4 bits, position pos of kv head g: lo = min y,
+ * hi = max y; below I8A_ABSMAX_MIN apart, step 0 and codes 0; else step = (hi - lo) / 15, inv =
+ * 15 / (hi - lo), code_i = clamp(rint((y_i - lo) * inv), 0, 15). The row reads back as lo +
+ * step * code (multiply, then add). */
+void i8a_v4_store(const i8a_cache *c, size_t g, size_t pos, const float *y);
+
+/* K at 4 bits of kv head g at position pos as floats y [d]: min_i + step_i * code (its group's
+ * minima and steps, halves times their powers of two; multiply, then add). */
+void i8a_k4_value(const i8a_cache *c, size_t g, size_t pos, float *y);
+
+/* -- append (append.c, center.c) ------------------------------------------------------------ */
+
+/* Where the rows of one side (K or V) of a position are during an append: the append's own
+ * rows x [.][hkv][d] for positions from x_from on, the ring (halves and scales) before. */
+typedef struct {
+    const i8a_kernels *kt;          /* (its half_row) */
+    const i8a_cache *c;
+    const float *x;
+    const uint16_t *ring;
+    const float *ring_scale;
+    size_t x_from;
+} row_source;
+
+/* The row of kv head g at position pos as the cache codes it. From x as given, except that
+ * with a recent window positions 1 .. R (the rows the offsets come from, which the ring may
+ * code again) go through the window's halves first, so a position codes the same whether it
+ * comes from an append or from the ring; from the ring, widened. tmp [d] holds the row when
+ * it is not x's own. x's rows are in range (checked before). */
+const float *i8a_row_at(const row_source *src, size_t pos, size_t g, float *tmp);
+
+/* off[head] = R (the mean of positions [from, to) of src), per kv head (rotated when the cache
+ * rotates): sums in double, in position order. Fewer than I8A_OFFSET_MIN_ROWS rows make no
+ * estimate worth its noise, and a mean that offset_keeps rejects is no offset of its rows: the
+ * offsets are then zero, which centers nothing (the same codes, and decode values, as without
+ * centering). The rows are in range (checked before). */
+void i8a_set_offset(const i8a_kernels *kt, const row_source *src, size_t from, size_t to,
+                    const float *sign, float *off);
+
+/* -- the plan (plan.c) --------------------------------------------------------------------- */
+
+/* The positions query tt of t sees: as two half-open ranges of coded positions in position
+ * order, the sinks [sink_begin, sink_end) (empty without them) and the window up to the query
+ * itself [win_begin, win_end); pos0: whether it sees position 0 from its float row (kept first
+ * position); and the positions p of the recent window it sees: fw <= p < end with p >= lo or
+ * p < sinks. Each query reads the recent window of its own position (float_start), so a
+ * decode of t queries reads what t single-query decodes after one append each would read,
+ * while the ring holds those positions' floats (t <= R). */
+typedef struct {
+    size_t sink_begin, sink_end, win_begin, win_end;
+    int pos0;
+    size_t lo, end, fw;
+} visible_ranges;
+
+/* What query tt of t sees (visible_ranges). */
+visible_ranges i8a_visible(const i8a_cache *c, size_t t, size_t tt, const i8a_options *opt);
+
+/* The chunks the queries see, in position order (i8a_chunk_runs). Each query's window range
+ * ends at its own position and consecutive queries' ranges overlap, so the window ranges of all
+ * queries cover [the first query's window start, the last query's recent window); the sinks
+ * range is the same for every query that has one, and the last query has one when any does. */
+i8a_chunk_runs i8a_visible_chunks(const i8a_cache *c, size_t t, const i8a_options *opt);
+
+/* The vi-th visible chunk. */
+size_t i8a_visible_chunk(const i8a_chunk_runs *runs, size_t vi);
+
+/* The work of a decode of t queries of h heads that reads `items` (kv head, chunk) items, in
+ * units of I8A_ROWS_PER_THREAD per thread. */
+size_t i8a_work_of(const i8a_cache *c, size_t t, size_t h, size_t items);
+
+/* Threads for `items` work items of this much work: at most max_threads, fewer when the tokens
+ * read are too few to pay for waking another thread. */
+size_t i8a_threads_for(size_t work, size_t items, size_t max_threads);
+
+/* The plan for another thread count (the per-thread scratch is last in the workspace). */
+i8a_plan i8a_plan_with_threads(i8a_plan L, size_t threads);
+
+/* -- spans (span.c) ------------------------------------------------------------------------ */
+
+/* Positions [a, b) of kv head g as a span (without a prefetch hint). */
+i8a_span i8a_span_rows(const i8a_cache *c, size_t g, size_t a, size_t b);
+
+/* The next item's rows as span's prefetch hint: its K and V bytes, at 8 or 4 bits (the
+ * kernels read them at the span's own widths: a window item's halves are two rows of codes). */
+void i8a_hint_next(i8a_span *span, const i8a_span *next);
+
+/* What the next item reads besides its codes at 4 bits, into the caches ahead of it: K's group
+ * minima and steps, V's minima and steps (the kernels prefetch the codes themselves). */
+void i8a_prefetch_four(const i8a_cache *c, const i8a_span *next);
+
+/* The first coded position of chunk `chunk`. */
+size_t i8a_chunk_start(const i8a_cache *c, size_t chunk);
+
+/* Chunk `chunk` of kv head g as a span of its coded positions below `end`. */
+i8a_span i8a_chunk_span_to(const i8a_cache *c, size_t g, size_t chunk, size_t end);
+
+/* Chunk `chunk` of kv head g as decode reads it: cut where the recent window starts. */
+i8a_span i8a_chunk_span(const i8a_cache *c, size_t g, size_t chunk);
+
+/* The recent window's halves of kv head g as a prefetch hint (a span of codes over the same
+ * bytes: a row of d halves is two rows of d codes): the window's slots up to the ring's end. */
+i8a_span i8a_window_span(const i8a_cache *c, size_t g);
+
+/* -- the executor (decode.c, merge.c) ------------------------------------------------------ */
+
+/* One cache's decode: its plan, its workspace (base) and its queries' shape. */
+typedef struct {
+    const i8a_kernels *kt;
+    const i8a_cache *c;
+    const i8a_options *opt;
+    char *base;
+    i8a_plan L;
+    size_t t, h, nq;
+    float *out;
+} decode_job;
+
+/* The state of rows [r, r + count) of kv head g, visible chunk vi, part. */
+static inline i8a_state state_at(const decode_job *job, size_t g, size_t vi, size_t part, size_t r)
+{
+    const size_t slot = (g * job->L.nvis + vi) * job->L.parts + part, rows = job->L.rows;
+    const size_t d = job->c->head_dim;
+    float *p = (float *)(job->base + job->L.states + slot * job->L.state_bytes);
+    i8a_state s = {p + rows * d + r, p + rows * d + rows + r, p + r * d};
+    return s;
+}
+
+/* The recent window's state of rows [r, ..) of kv head g. */
+static inline i8a_state window_at(const decode_job *job, size_t g, size_t r)
+{
+    const size_t rows = job->L.rows, d = job->c->head_dim;
+    float *p = (float *)(job->base + job->L.windows + g * job->L.state_bytes);
+    i8a_state s = {p + rows * d + r, p + rows * d + rows + r, p + r * d};
+    return s;
+}
+
+/* Query rows [r, r + count) of kv head g. */
+static inline i8a_query query_at(const decode_job *job, size_t g, size_t r, size_t count)
+{
+    const size_t d = job->c->head_dim, row = g * job->L.rows + r;
+    const i8a_query q = {
+        d, count, job->opt->q_bits == 16,
+        (const int8_t *)job->base + row * d,
+        (const int8_t *)job->base + job->L.q_lo + row * d,
+        (const float *)(job->base + job->L.c_hi) + row,
+        (const float *)(job->base + job->L.c_lo) + row,
+        job->opt->softcap,
+        job->opt->softcap > 0.0f ? 1.0f / job->opt->softcap : 0.0f,
+        (const float *)(job->base + job->L.bias) + row,
+        (const float *)(job->base + job->L.q_float) + row * d,
+    };
+    return q;
+}
+
+/* The window item of kv head g: every query row's state over the recent window it sees (m =
+ * -inf: none). */
+void i8a_window_item(const decode_job *job, size_t g);
+
+/* All items of kv head g are done: per query row, fold the states it has in position order
+ * (position 0 from its float row, chunks, and within a chunk the sinks before the window, then
+ * the recent window), normalize into out, add the V offset when the row saw coded positions (so
+ * a row that sees only position 0 and the window gets the same bits whatever the cache's
+ * length). */
+void i8a_finish_head(const decode_job *job, size_t g);
+
+#endif

@@ -1,0 +1,129 @@
+/* A kv head's query rows after its chunks: position 0 from its float row, the recent window
+ * from its halves, every state folded in position order, normalized and rotated back. */
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+
+/* The state of position 0 read from its float row (kept first position): m = the logit
+ * (soft-capped when the cap is on), l = 1, o = v0 (its V row in the stored space), minus
+ * v_offset when `off` (the offset then joins every row at the end). */
+static void pos0_state(const decode_job *job, size_t g, size_t r, const float *v0, int off,
+                       const i8a_state *run)
+{
+    const i8a_cache *c = job->c;
+    const float lg = ((const float *)(job->base + job->L.pos0_logit))[g * job->L.rows + r];
+    const float cap = job->opt->softcap;
+    run->m[0] = cap > 0.0f ? i8a_softcap(lg, cap, 1.0f / cap) : lg;
+    run->l[0] = 1.0f;
+    for (size_t i = 0; i < c->head_dim; i++)
+        run->o[i] = off ? v0[i] - c->v_offset[g * c->head_dim + i] : v0[i];
+}
+
+/* The state of query row r of kv head g over the positions of the recent window it sees
+ * (visible_ranges), from its halves (the tier's attend_float); o is then rotated into
+ * the stored space, minus l * v_offset when `off` (as the coded rows' states are). Returns 0
+ * when the row sees none of the window (st untouched). */
+static int window_state(const decode_job *job, size_t g, size_t r, const visible_ranges *vis,
+                        int off, const i8a_state *st)
+{
+    const i8a_cache *c = job->c;
+    const size_t d = c->head_dim, sinks = job->opt->sinks;
+    const float *qf = (const float *)(job->base + job->L.q_float) + (g * job->L.rows + r) * d;
+    const uint16_t *kr[I8A_RECENT_MAX], *vr[I8A_RECENT_MAX];
+    float ks[I8A_RECENT_MAX], vs[I8A_RECENT_MAX], logit[I8A_RECENT_MAX];
+    size_t n = 0;
+    size_t s = slot_of(c, vis->fw);                         /* p's slot, stepped along */
+    for (size_t p = vis->fw; p < vis->end; p++, s = s + 1 < c->ring ? s + 1 : 0) {
+        if (p < vis->lo && p >= sinks)
+            continue;
+        const size_t at = g * c->ring + s;
+        kr[n] = c->k_recent + at * d, vr[n] = c->v_recent + at * d;
+        ks[n] = c->k_rscale[at], vs[n++] = c->v_rscale[at];
+    }
+    if (n == 0)
+        return 0;
+    I8A_EXPECT(n <= c->recent);
+    const i8a_float_rows rows = {kr, vr, ks, vs, n};
+    job->kt->attend_float(qf, &rows, d, job->opt->softcap, logit, st->m, st->l, st->o);
+    if (c->v_sign)
+        job->kt->rotate(st->o, d, c->v_sign, 0, st->o);
+    if (off)
+        for (size_t i = 0; i < d; i++)
+            st->o[i] = st->o[i] - st->l[0] * c->v_offset[g * d + i];
+    return 1;
+}
+
+/* Whether query row r's output takes the V offset back: the cache's offsets hold and the row
+ * saw coded positions (its window's state is taken minus l * v_offset to match). */
+static int row_offset(const i8a_cache *c, const visible_ranges *vis)
+{
+    return has_offsets(c) && (vis->sink_begin < vis->sink_end || vis->win_begin < vis->win_end);
+}
+
+void i8a_window_item(const decode_job *job, size_t g)
+{
+    for (size_t r = 0; r < job->L.rows; r++) {
+        const visible_ranges vis = i8a_visible(job->c, job->t, r / job->nq, job->opt);
+        const i8a_state st = window_at(job, g, r);
+        if (!window_state(job, g, r, &vis, row_offset(job->c, &vis), &st))
+            st.m[0] = -INFINITY;
+    }
+}
+
+/* Fold the state st of one query row into its running state run: the first state it has
+ * (*started == 0) is copied, later ones merged; m = -inf: the row saw nothing there. */
+static void fold_state(const decode_job *job, const i8a_state *run, const i8a_state *st,
+                       int *started)
+{
+    if (st->m[0] == -INFINITY)
+        return;
+    if (*started) {
+        job->kt->merge(run, st, job->c->head_dim);
+        return;
+    }
+    run->m[0] = st->m[0], run->l[0] = st->l[0];
+    memcpy(run->o, st->o, job->c->head_dim * sizeof(float));
+    *started = 1;
+}
+
+void i8a_finish_head(const decode_job *job, size_t g)
+{
+    const i8a_cache *c = job->c;
+    const size_t d = c->head_dim, nq = job->nq, rows = job->L.rows;
+    float *rm = (float *)(job->base + job->L.run_m) + g * rows;
+    float *rl = (float *)(job->base + job->L.run_l) + g * rows;
+    float *v0 = (float *)(job->base + job->L.v_pos0) + g * d;
+    if (c->k_first && c->v_sign)
+        job->kt->rotate(c->v_first + g * d, d, c->v_sign, 0, v0);  /* once for the head's rows */
+    else if (c->k_first)
+        memcpy(v0, c->v_first + g * d, d * sizeof(float));
+    for (size_t r = 0; r < rows; r++) {
+        const size_t tt = r / nq, j = r % nq;
+        float *o = job->out + (tt * job->h + g * nq + j) * d;
+        const i8a_state run = {rm + r, rl + r, o};
+        const visible_ranges vis = i8a_visible(c, job->t, tt, job->opt);
+        const int off = row_offset(c, &vis);
+        int started = vis.pos0;
+        if (started)
+            pos0_state(job, g, r, v0, off, &run);
+        for (size_t vi = 0; vi < job->L.nvis; vi++) {
+            for (size_t part = 0; part < job->L.parts; part++) {
+                const i8a_state st = state_at(job, g, vi, part, r);
+                fold_state(job, &run, &st, &started);
+            }
+        }
+        if (c->recent) {
+            const i8a_state win = window_at(job, g, r);
+            fold_state(job, &run, &win, &started);
+        }
+        const float inv = 1.0f / rl[r];
+        for (size_t i = 0; i < d; i++)
+            o[i] = o[i] * inv;
+        if (off)
+            for (size_t i = 0; i < d; i++)
+                o[i] = o[i] + c->v_offset[g * d + i];
+        if (c->v_sign)
+            job->kt->rotate(o, d, c->v_sign, 1, o);         /* back from the rotated space */
+    }
+}

@@ -1,0 +1,128 @@
+/* The plan of a decode (i8a_plan_decode): which positions each query sees, the chunks that
+ * makes visible, the thread count from the cost model, and the workspace's layout. Reads the
+ * cache's length and format, never its rows. */
+#include "internal.h"
+
+static size_t align64(size_t n)
+{
+    return (n + 63) & ~(size_t)63;
+}
+
+size_t i8a_window_start(const i8a_cache *c)
+{
+    return float_start(c, c->length);
+}
+
+static size_t clip(size_t x, size_t lo, size_t hi)
+{
+    return x < lo ? lo : x > hi ? hi : x;
+}
+
+visible_ranges i8a_visible(const i8a_cache *c, size_t t, size_t tt, const i8a_options *opt)
+{
+    const size_t end = c->length - t + tt + 1;              /* the query's position + 1 */
+    const size_t lo = opt->window && end > opt->window ? end - opt->window : 0;
+    const size_t e = coded_from(c), fw = float_start(c, end);
+    visible_ranges v = {0, 0, lo, end, 0, lo, end, fw};
+    if (opt->sinks >= lo)
+        v.win_begin = 0;                                    /* the sinks join the window */
+    else
+        v.sink_end = opt->sinks;
+    v.pos0 = e && (v.win_begin == 0 || v.sink_end > 0);
+    /* the coded ranges: within [e, fw) (empty ranges collapse to begin == end) */
+    v.sink_end = clip(v.sink_end, e, fw);
+    v.sink_begin = clip(v.sink_begin, e, v.sink_end);
+    v.win_end = clip(v.win_end, e, fw);
+    v.win_begin = clip(v.win_begin, e, v.win_end);
+    return v;
+}
+
+i8a_chunk_runs i8a_visible_chunks(const i8a_cache *c, size_t t, const i8a_options *opt)
+{
+    const visible_ranges v0 = i8a_visible(c, t, 0, opt), vl = i8a_visible(c, t, t - 1, opt);
+    i8a_chunk_runs runs = {{0, 0}, {0, 0}};
+    size_t k = 0;
+    if (vl.sink_begin < vl.sink_end) {
+        runs.begin[0] = vl.sink_begin / I8A_CHUNK;
+        runs.count[0] = (vl.sink_end - 1) / I8A_CHUNK + 1 - runs.begin[0];
+        k = 1;
+    }
+    const size_t fw = i8a_window_start(c);
+    if (v0.win_begin < fw) {
+        size_t b = v0.win_begin / I8A_CHUNK, e = (fw - 1) / I8A_CHUNK + 1;
+        if (k && b <= runs.begin[0] + runs.count[0]) {      /* meets the sinks' run: one run */
+            runs.count[0] = e - runs.begin[0];
+        } else {
+            runs.begin[k] = b;
+            runs.count[k] = e - b;
+        }
+    }
+    return runs;
+}
+
+size_t i8a_visible_chunk(const i8a_chunk_runs *runs, size_t vi)
+{
+    return vi < runs->count[0] ? runs->begin[0] + vi : runs->begin[1] + (vi - runs->count[0]);
+}
+
+/* Work per thread below which another thread costs more than it saves, in kv rows of 128
+ * dims times (1 + query rows per kv head) / 2 (each query row of a group adds a dot and an
+ * accumulation). Measured on the 2-core development VM (avx512_vnni): H = Hkv = 8, D = 128
+ * gains from a second thread at 256 tokens (19 -> 15 us) and loses at 128 (10.5 -> 11.4 us). */
+#define I8A_ROWS_PER_THREAD 1024
+
+size_t i8a_work_of(const i8a_cache *c, size_t t, size_t h, size_t items)
+{
+    const size_t hkv = c->n_kv_heads, rows_per_kv = t * (h / hkv);
+    const size_t tokens = items / hkv * I8A_CHUNK;  /* rows read, a window item as a chunk */
+    return hkv * (tokens < c->length ? tokens : c->length) * (c->head_dim / 16)
+           * (1 + rows_per_kv) / 16;
+}
+
+size_t i8a_threads_for(size_t work, size_t items, size_t max_threads)
+{
+    size_t n = work / I8A_ROWS_PER_THREAD;
+    n = n < 1 ? 1 : n;
+    n = n < max_threads ? n : max_threads;
+    return n < items ? n : (items ? items : 1);
+}
+
+i8a_plan i8a_plan_with_threads(i8a_plan L, size_t threads)
+{
+    L.threads = threads;
+    L.end = L.workers + threads * L.worker_bytes;
+    return L;
+}
+
+i8a_plan i8a_plan_decode(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,
+                         size_t max_threads)
+{
+    const size_t d = c->head_dim, f = sizeof(float), hkv = c->n_kv_heads;
+    i8a_plan L;
+    L.rows = t * (h / hkv);
+    L.parts = opt->window && opt->sinks ? 2 : 1;
+    L.runs = i8a_visible_chunks(c, t, opt);
+    L.nvis = L.runs.count[0] + L.runs.count[1];
+    L.per_head = L.nvis + (c->recent ? 1 : 0);
+    L.items = hkv * L.per_head;
+    L.work = i8a_work_of(c, t, h, L.items);
+    L.state_bytes = align64(L.rows * (d + 2) * f);
+    L.worker_bytes = align64(2 * L.rows * I8A_CHUNK * f)
+                     + (has_four(c) ? align64(I8A_ATTEND4_EXTRA) : 0);
+    const size_t qrows = hkv * L.rows;
+    L.q_lo = align64(qrows * d);
+    L.c_hi = L.q_lo + align64(qrows * d);
+    L.c_lo = L.c_hi + align64(qrows * f);
+    L.bias = L.c_lo + align64(qrows * f);
+    L.pos0_logit = L.bias + align64(qrows * f);
+    L.q_float = L.pos0_logit + align64(qrows * f);
+    L.v_pos0 = L.q_float + (c->recent || c->k_bits == 4 ? align64(qrows * d * f) : 0);
+    L.residual = L.v_pos0 + align64(hkv * d * f);
+    L.left = L.residual + align64(d * f);
+    L.run_m = L.left + align64(hkv * sizeof(atomic_size_t));
+    L.run_l = L.run_m + align64(qrows * f);
+    L.states = L.run_l + align64(qrows * f);
+    L.windows = L.states + hkv * L.nvis * L.parts * L.state_bytes;
+    L.workers = L.windows + (c->recent ? hkv * L.state_bytes : 0);
+    return i8a_plan_with_threads(L, i8a_threads_for(L.work, L.items, max_threads));
+}

@@ -1,0 +1,79 @@
+/* A chunk of one kv head as the kernels read it (i8a_span: its rows at 8 or 4 bits, where
+ * they start in their tiles and groups) and the next item's bytes as a prefetch hint. */
+#include "internal.h"
+
+i8a_span i8a_span_rows(const i8a_cache *c, size_t g, size_t a, size_t b)
+{
+    const size_t row = g * c->max_seq + a, d = c->head_dim;
+    i8a_span span = {0};
+    span.ks = c->k_bits == 8 ? c->k_scale + row : NULL;
+    span.vs = c->v_scale + row;
+    span.n = b - a;
+    span.v_lead = a % I8A_V_TILE;
+    if (c->k_bits == 8) {
+        span.k = c->k_codes + row * d;
+    } else {
+        const size_t at = g * i8a_k4_groups(c->max_seq) + a / I8A_K4_GROUP;
+        span.k4 = k4_row_codes(c, g, a);
+        span.k4_min = c->k4_min + at * d, span.k4_step = c->k4_step + at * d;
+        span.k4_min_scale = c->k4_min_scale + at, span.k4_step_scale = c->k4_step_scale + at;
+        span.k4_lead = a % I8A_K4_GROUP;
+    }
+    if (c->v_bits == 8) {
+        span.v = v_tile(c, g, a);
+    } else {
+        span.v4 = v4_tile(c, g, a);
+        span.v4_min = c->v4_min + row;
+    }
+    return span;
+}
+
+void i8a_hint_next(i8a_span *span, const i8a_span *next)
+{
+    span->next_k = next->k4 ? (const int8_t *)next->k4 : next->k;
+    span->next_v = next->v4 ? (const int8_t *)next->v4 : next->v;
+    span->next_n = next->n;
+}
+
+void i8a_prefetch_four(const i8a_cache *c, const i8a_span *next)
+{
+    if (next->k4 && next->n) {
+        const size_t groups = (next->k4_lead + next->n + I8A_K4_GROUP - 1) / I8A_K4_GROUP;
+        i8a_prefetch_rows(next->k4_min, groups * c->head_dim * sizeof(uint16_t));
+        i8a_prefetch_rows(next->k4_step, groups * c->head_dim * sizeof(uint16_t));
+    }
+    if (next->v4 && next->n) {
+        i8a_prefetch_rows(next->v4_min, next->n * sizeof(float));
+        i8a_prefetch_rows(next->vs, next->n * sizeof(float));
+    }
+}
+
+size_t i8a_chunk_start(const i8a_cache *c, size_t chunk)
+{
+    const size_t c0 = chunk * I8A_CHUNK;
+    return c0 > coded_from(c) ? c0 : coded_from(c);
+}
+
+i8a_span i8a_chunk_span_to(const i8a_cache *c, size_t g, size_t chunk, size_t end)
+{
+    const size_t c1 = chunk * I8A_CHUNK + I8A_CHUNK;
+    return i8a_span_rows(c, g, i8a_chunk_start(c, chunk), c1 < end ? c1 : end);
+}
+
+i8a_span i8a_chunk_span(const i8a_cache *c, size_t g, size_t chunk)
+{
+    return i8a_chunk_span_to(c, g, chunk, i8a_window_start(c));
+}
+
+i8a_span i8a_window_span(const i8a_cache *c, size_t g)
+{
+    i8a_span span = {0};
+    const size_t fw = i8a_window_start(c), d = c->head_dim;
+    if (fw >= c->length)
+        return span;
+    const size_t s = slot_of(c, fw), n = c->length - fw;
+    span.k = (const int8_t *)(c->k_recent + (g * c->ring + s) * d);
+    span.v = (const int8_t *)(c->v_recent + (g * c->ring + s) * d);
+    span.n = 2 * (s + n <= c->ring ? n : c->ring - s);
+    return span;
+}

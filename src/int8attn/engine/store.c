@@ -1,0 +1,237 @@
+/* The cache's buffers (layout in ../_engine.h): V codes into and out of their tiles, 4-bit V
+ * rows and K values, dequantize, evict (the rows move down), the rotation signs, and the
+ * aligned allocation every buffer comes from. */
+#if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200112L      /* posix_memalign */
+#endif
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void i8a_v_put(const i8a_cache *c, size_t g, size_t pos, const int8_t *codes)
+{
+    int8_t *t = v_tile(c, g, pos) + pos % I8A_V_TILE;
+    for (size_t i = 0; i < c->head_dim; i++)
+        t[i * I8A_V_TILE] = codes[i];
+}
+
+static void v_get(const i8a_cache *c, size_t g, size_t pos, int8_t *codes)
+{
+    const int8_t *t = v_tile(c, g, pos) + pos % I8A_V_TILE;
+    for (size_t i = 0; i < c->head_dim; i++)
+        codes[i] = t[i * I8A_V_TILE];
+}
+
+size_t i8a_k4_groups(size_t cap)
+{
+    return (cap + I8A_K4_GROUP - 1) / I8A_K4_GROUP;
+}
+
+/* The V codes at 4 bits [d] of kv head g at position pos, into its tile / out of it. */
+static void v4_put(const i8a_cache *c, size_t g, size_t pos, const uint8_t *codes)
+{
+    uint8_t *t = v4_tile(c, g, pos);
+    for (size_t i = 0; i < c->head_dim; i++)
+        nib_set(t + i / I8A_NIB_BLOCK * 64 + i % 16 * I8A_V_TILE + pos % I8A_V_TILE, i, codes[i]);
+}
+
+static void v4_get(const i8a_cache *c, size_t g, size_t pos, uint8_t *codes)
+{
+    const uint8_t *t = v4_tile(c, g, pos);
+    for (size_t i = 0; i < c->head_dim; i++)
+        codes[i] = (uint8_t)i8a_nib_tile(t, i, pos % I8A_V_TILE);
+}
+
+void i8a_v4_store(const i8a_cache *c, size_t g, size_t pos, const float *y)
+{
+    const size_t d = c->head_dim, row = g * c->max_seq + pos;
+    float lo = y[0], hi = y[0];
+    for (size_t i = 1; i < d; i++) {
+        lo = y[i] < lo ? y[i] : lo;
+        hi = y[i] > hi ? y[i] : hi;
+    }
+    const float range = hi - lo;
+    const int some = range >= I8A_ABSMAX_MIN;
+    const float inv = some ? 15.0f / range : 0.0f;
+    uint8_t codes[I8A_MAX_HEAD_DIM];
+    for (size_t i = 0; i < d; i++) {
+        float r = rintf((y[i] - lo) * inv);
+        r = r > 15.0f ? 15.0f : r;
+        codes[i] = (uint8_t)(r > 0.0f ? r : 0.0f);
+    }
+    c->v4_min[row] = lo;
+    c->v_scale[row] = some ? range / 15.0f : 0.0f;
+    v4_put(c, g, pos, codes);
+}
+
+void i8a_k4_value(const i8a_cache *c, size_t g, size_t pos, float *y)
+{
+    const size_t d = c->head_dim, at = g * i8a_k4_groups(c->max_seq) + pos / I8A_K4_GROUP;
+    const uint16_t *hm = c->k4_min + at * d, *hs = c->k4_step + at * d;
+    const float sm = c->k4_min_scale[at], ss = c->k4_step_scale[at];
+    const uint8_t *row = k4_row_codes(c, g, pos);
+    for (size_t i = 0; i < d; i++)
+        y[i] = i8a_half_value(hm[i]) * sm + (i8a_half_value(hs[i]) * ss) * (float)i8a_nib_row(row, i);
+}
+
+void *i8a_alloc_aligned(size_t bytes)
+{
+    bytes = bytes ? bytes : 1;
+#ifdef _WIN32
+    return _aligned_malloc(bytes, 64);
+#else
+    void *p = NULL;
+    return posix_memalign(&p, 64, bytes) == 0 ? p : NULL;
+#endif
+}
+
+void i8a_free_aligned(void *p)
+{
+#ifdef _WIN32
+    _aligned_free(p);
+#else
+    free(p);
+#endif
+}
+
+void i8a_rotation_signs(uint64_t seed, size_t d, float *sign)
+{
+    uint64_t state = seed;
+    for (size_t i = 0; i < d; i++) {
+        state += 0x9E3779B97F4A7C15u;                       /* splitmix64 */
+        uint64_t z = state;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9u;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBu;
+        z ^= z >> 31;
+        sign[i] = z >> 63 ? -1.0f : 1.0f;
+    }
+}
+
+/* Coded position pos of kv head g as floats into yk, yv: code * scale, plus the offset when
+ * `off`, rotated back. */
+static void dequantize_row(const i8a_kernels *kt, const i8a_cache *c, size_t g, size_t pos,
+                           int off, float *yk, float *yv)
+{
+    const size_t d = c->head_dim, row = g * c->max_seq + pos;
+    if (c->k_bits == 8)
+        for (size_t i = 0; i < d; i++)
+            yk[i] = (float)c->k_codes[row * d + i] * c->k_scale[row];
+    else
+        i8a_k4_value(c, g, pos, yk);
+    if (c->v_bits == 8) {
+        int8_t vc[I8A_MAX_HEAD_DIM];
+        v_get(c, g, pos, vc);
+        for (size_t i = 0; i < d; i++)
+            yv[i] = (float)vc[i] * c->v_scale[row];
+    } else {
+        uint8_t vc[I8A_MAX_HEAD_DIM];
+        v4_get(c, g, pos, vc);
+        for (size_t i = 0; i < d; i++)
+            yv[i] = c->v4_min[row] + c->v_scale[row] * (float)vc[i];
+    }
+    if (off)
+        for (size_t i = 0; i < d; i++) {
+            yk[i] = yk[i] + c->k_offset[g * d + i];
+            yv[i] = yv[i] + c->v_offset[g * d + i];
+        }
+    if (c->k_sign)
+        kt->rotate(yk, d, c->k_sign, 1, yk);
+    if (c->v_sign)
+        kt->rotate(yv, d, c->v_sign, 1, yv);
+}
+
+void i8a_dequantize(const i8a_kernels *kt, const i8a_cache *c, float *k, float *v)
+{
+    const size_t d = c->head_dim, hkv = c->n_kv_heads, fw = i8a_window_start(c);
+    const int off = has_offsets(c);
+    for (size_t pos = 0; pos < c->length; pos++) {
+        if (pos >= fw) {                /* the window: its halves, scaled */
+            for (size_t g = 0; g < hkv; g++) {
+                widen_row(c, c->k_recent, c->k_rscale, g, slot_of(c, pos), k + (pos * hkv + g) * d);
+                widen_row(c, c->v_recent, c->v_rscale, g, slot_of(c, pos), v + (pos * hkv + g) * d);
+            }
+            continue;
+        }
+        for (size_t g = 0; g < hkv; g++) {
+            const size_t at = (pos * hkv + g) * d;
+            if (c->k_first && pos == 0) {
+                memcpy(k + at, c->k_first + g * d, d * sizeof(float));
+                memcpy(v + at, c->v_first + g * d, d * sizeof(float));
+            } else {
+                dequantize_row(kt, c, g, pos, off && pos >= 1, k + at, v + at);
+            }
+        }
+    }
+}
+
+void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n)
+{
+    I8A_EXPECT(n <= c->length);
+    const size_t d = c->head_dim, hkv = c->n_kv_heads, cap = c->max_seq, keep = c->length - n;
+    if (n == 0)
+        return;
+    if (c->k_first && keep > 0) {   /* position n, as decode read it, becomes the float row */
+        if (n >= i8a_window_start(c)) {
+            for (size_t g = 0; g < hkv; g++) {
+                widen_row(c, c->k_recent, c->k_rscale, g, slot_of(c, n), c->k_first + g * d);
+                widen_row(c, c->v_recent, c->v_rscale, g, slot_of(c, n), c->v_first + g * d);
+            }
+        } else {
+            /* clamped to the format's range, which first rows keep (as load checks): rounding
+             * in the rotated space can take a value at the edge of the range past it */
+            for (size_t g = 0; g < hkv; g++) {
+                float *yk = c->k_first + g * d, *yv = c->v_first + g * d;
+                dequantize_row(kt, c, g, n, has_offsets(c), yk, yv);
+                for (size_t i = 0; i < d; i++) {
+                    yk[i] = fminf(fmaxf(yk[i], -I8A_VALUE_MAX), I8A_VALUE_MAX);
+                    yv[i] = fminf(fmaxf(yv[i], -I8A_VALUE_MAX), I8A_VALUE_MAX);
+                }
+            }
+        }
+    }
+    I8A_EXPECT(c->k_bits == 8 || n % I8A_K4_GROUP == 0);
+    const size_t groups = i8a_k4_groups(cap), gone = n / I8A_K4_GROUP;
+    const size_t kept_groups = i8a_k4_groups(keep);
+    for (size_t g = 0; g < hkv; g++) {
+        if (c->k_bits == 8) {
+            memmove(c->k_codes + g * cap * d, c->k_codes + (g * cap + n) * d, keep * d);
+            memmove(c->k_scale + g * cap, c->k_scale + g * cap + n, keep * sizeof(float));
+        } else {                    /* whole groups: their codes, halves and scales */
+            memmove(k4_row_codes(c, g, 0), k4_row_codes(c, g, n), keep * (d / 2));
+            memmove(c->k4_min + g * groups * d, c->k4_min + (g * groups + gone) * d,
+                    kept_groups * d * sizeof(uint16_t));
+            memmove(c->k4_step + g * groups * d, c->k4_step + (g * groups + gone) * d,
+                    kept_groups * d * sizeof(uint16_t));
+            memmove(c->k4_min_scale + g * groups, c->k4_min_scale + g * groups + gone,
+                    kept_groups * sizeof(float));
+            memmove(c->k4_step_scale + g * groups, c->k4_step_scale + g * groups + gone,
+                    kept_groups * sizeof(float));
+        }
+        if (c->v_bits == 8 && n % I8A_V_TILE == 0) {
+            memmove(v_tile(c, g, 0), v_tile(c, g, n), i8a_v_tiles(0, keep) * I8A_V_TILE * d);
+        } else if (c->v_bits == 4 && n % I8A_V_TILE == 0) {
+            memmove(v4_tile(c, g, 0), v4_tile(c, g, n), i8a_v_tiles(0, keep) * 2 * d);
+        } else {                    /* position by position, upwards: p + n is read before p + n
+                                     * is written (every position's bytes are its own) */
+            for (size_t p = 0; p < keep; p++) {
+                if (c->v_bits == 8) {
+                    int8_t vc[I8A_MAX_HEAD_DIM];
+                    v_get(c, g, p + n, vc);
+                    i8a_v_put(c, g, p, vc);
+                } else {
+                    uint8_t vc[I8A_MAX_HEAD_DIM];
+                    v4_get(c, g, p + n, vc);
+                    v4_put(c, g, p, vc);
+                }
+            }
+        }
+        memmove(c->v_scale + g * cap, c->v_scale + g * cap + n, keep * sizeof(float));
+        if (c->v_bits == 4)
+            memmove(c->v4_min + g * cap, c->v4_min + g * cap + n, keep * sizeof(float));
+    }
+    if (c->ring)                    /* slot (p + n + shift) % ring now holds position p */
+        c->ring_shift = (c->ring_shift + n) % c->ring;
+    c->held_from = c->held_from > n ? c->held_from - n : 0;
+    c->length = keep;
+}
