@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import int8attn as ia
+from int8attn import _cache
 from conftest import CONTRACT, filled_cache, make_kv, rel_err
 from int8attn import _args
 from int8attn import reference as R
@@ -45,6 +46,44 @@ def test_properties_and_nbytes():
     assert ia.Int8KVCache(3, 101, 48, keep_first=False, recent=0).nbytes == (
         3 * 101 * 48 + 3 * 104 * 48 + 2 * 3 * 101 * 4)
     assert "holding 0 tokens" in repr(cache)
+
+
+@pytest.mark.parametrize("bits", [(8, 8), (4, 4), (8, 4), (4, 8)])
+@pytest.mark.parametrize("opts", [{}, {"keep_first": False, "recent": 32}])
+def test_the_store_layout_is_what_the_cache_allocates(bits, opts):
+    """One statement of the buffers (_cache._layout, the engine's i8a_store_layout): the cache
+    holds exactly those (nbytes sums them) and its views have their shapes."""
+    hkv, cap, d = 3, 101, 64
+    cache = ia.KVCache(hkv, cap, d, k_bits=bits[0], v_bits=bits[1], **opts)
+    layout = _cache._layout(hkv, cap, d, k_bits=bits[0], v_bits=bits[1],
+                            keep_first=cache.keep_first, center=cache.center, recent=cache.recent)
+    assert cache.nbytes == sum(size for _, _, size in layout.values())
+    ring = min(2 * cache.recent, cap)
+    groups, tiles = -(-cap // 32), -(-cap // 4)
+    want = {"v_scale": ("f", (hkv, cap))}
+    if bits[0] == 8:
+        want.update(k_codes=("b", (hkv, cap, d)), k_scale=("f", (hkv, cap)))
+    else:
+        want.update(k4=("B", (hkv, cap, d // 2)), k4_min=("H", (hkv, groups, d)),
+                    k4_step=("H", (hkv, groups, d)), k4_min_scale=("f", (hkv, groups)),
+                    k4_step_scale=("f", (hkv, groups)))
+    if bits[1] == 8:
+        want.update(v_codes=("b", (hkv, tiles, d, 4)))
+    else:
+        want.update(v4=("B", (hkv, tiles, 2 * d)), v4_min=("f", (hkv, cap)))
+    if cache.keep_first:
+        want.update(k_first=("f", (hkv, d)), v_first=("f", (hkv, d)))
+    if cache.center:
+        want.update(k_offset=("f", (hkv, d)), v_offset=("f", (hkv, d)))
+    want.update(k_recent=("H", (hkv, ring, d)), v_recent=("H", (hkv, ring, d)),
+                k_rscale=("f", (hkv, ring)), v_rscale=("f", (hkv, ring)))
+    assert {k: v[:2] for k, v in layout.items()} == want
+    for name, (kind, shape, size) in layout.items():
+        assert size == np.dtype(kind).itemsize * int(np.prod(shape)), name
+    if bits[0] == 8:
+        assert cache.k_i8.shape == (hkv, 0, d) and cache.k_scale.shape == (hkv, 0)
+    if bits[1] == 8:
+        assert cache._v_tiles().shape == layout["v_codes"][1]
 
 
 def test_bulk_append_equals_per_token_append_bit_for_bit(tier):

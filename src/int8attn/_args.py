@@ -192,10 +192,6 @@ def constructor(args, kwargs, general):
     if center and four:
         raise ValueError("center=True needs k_bits=8 and v_bits=8: a side at 4 bits keeps its "
                          "own minima instead of offsets")
-    need = 2 * hkv * cap * (d + 4) + 4 * hkv * d * 4 + 2 * min(2 * recent, cap) * hkv * d * 4
-    if need > INT_MAX:
-        raise ValueError(f"max_seq={cap} with n_kv_heads={hkv}, head_dim={d} needs {need} "
-                         f"bytes of buffers, more than this platform can address")
     return Options(hkv, cap, d, bits["k_bits"], bits["v_bits"], rotate, seed, keep_first, center,
                    recent)
 

@@ -68,19 +68,18 @@ def _cache_for(case):
                        **FORMATS["default" if case.rotate else "plain"])
 
 
-def int8_bytes(hkv, tokens, d):
-    """Bytes a decode reads: K and V codes plus their float32 scales, every kv head and token."""
-    return 2 * hkv * tokens * (d + 4)
+# The buffers a decode streams (the store's names, _cache._layout): the codes and scales, K's
+# groups at 4 bits and V's minima; not the float rows of position 0, the offsets or the ring.
+_STREAMED = ("k_codes", "k_scale", "k4", "k4_min", "k4_step", "k4_min_scale", "k4_step_scale",
+             "v_codes", "v_scale", "v4", "v4_min")
 
 
 def cache_bytes(case):
-    """Bytes a decode of the case's cache reads: int8_bytes, or at 4 bits half a byte a code
-    plus K's group minima and steps (two halves per channel and 32 positions) and V's minimum
-    and step per row (float32 each)."""
-    hkv, n, d = case.hkv, case.tokens, case.d
-    k = n * (d + 4) if case.k_bits == 8 else n * d // 2 + -(-n // 32) * 4 * d
-    v = n * (d + 4) if case.v_bits == 8 else n * (d // 2 + 8)
-    return hkv * (k + v)
+    """Bytes a decode of the case's cache reads: the streamed buffers of a cache holding just
+    the case's tokens, from the store's layout."""
+    layout = _cache._layout(case.hkv, case.tokens, case.d, k_bits=case.k_bits,
+                            v_bits=case.v_bits)
+    return sum(size for name, (_, _, size) in layout.items() if name in _STREAMED)
 
 
 def llc_bytes():

@@ -114,18 +114,19 @@ i8a_store_size(&_threads, _tiers.threads_from_env(os.environ, i8a_cpus_available
 
 # ---------------------------------------------------------------------------------------------
 
-def _aligned_empty(shape, str fmt, size_t itemsize):
-    """An uninitialized C-contiguous numpy array of `shape`, whose data the engine allocated at a
-    64-byte boundary (exactly its bytes, which a sanitizer guards); freed with its last view."""
-    cdef size_t n = itemsize
-    for s in shape:
-        n *= s
-    cdef void *p = i8a_alloc_aligned(n)
-    if p == NULL:
-        raise MemoryError(f"cannot allocate {n} bytes for the cache's buffers")
-    cdef cvarray a = cvarray(shape=tuple(shape), itemsize=itemsize, format=fmt, mode="c",
+cdef object _allocate(const i8a_buffer *b, void **p):
+    """A C-contiguous numpy array for buffer b of the store's layout (its shape and type), whose
+    data the engine allocated at a 64-byte boundary (exactly its bytes, which a sanitizer
+    guards), zeros when b says so; *p its address. Freed with its last view."""
+    p[0] = i8a_alloc_aligned(b.bytes)
+    if p[0] == NULL:
+        raise MemoryError(f"cannot allocate {b.bytes} bytes for the cache's {b.name.decode()}")
+    if b.zeroed:
+        memset(p[0], 0, b.bytes)
+    shape = tuple(b.shape[i] for i in range(b.ndim))
+    cdef cvarray a = cvarray(shape=shape, itemsize=b.item, format=chr(b.type), mode="c",
                              allocate_buffer=False)
-    a.data = <char *>p
+    a.data = <char *>p[0]
     a.callback_free_data = i8a_free_aligned
     return np.asarray(a)
 
@@ -136,64 +137,47 @@ cdef float *_data(object arr):
     return &m[0, 0]
 
 
-def _hold(rows, halves, scales, size_t ring):
-    """Rows [n, Hkv, D] float32 into slots 0 .. n-1 of a ring side (halves [Hkv * ring, D],
-    scales [Hkv, ring]) as appends put them there (the tier's half_row)."""
-    cdef float[:, :, ::1] x = np.ascontiguousarray(rows, dtype=np.float32)
-    cdef uint16_t[:, ::1] h = halves
-    cdef float[:, ::1] s = scales
-    cdef size_t n = x.shape[0], hkv = x.shape[1], d = x.shape[2], pos, g
-    cdef const i8a_kernels *kt = i8a_load_tier(&_kt)
-    for pos in range(n):
-        for g in range(hkv):
-            s[g, pos] = kt.half_row(&x[pos, g, 0], d, &h[g * ring + pos, 0])
+cdef void *_ptr(a):
+    """The data of a C-contiguous numpy array (its owner keeps it alive); NULL for None."""
+    return NULL if a is None else <void *><size_t>a.ctypes.data
 
 
-def _tile_count(size_t cap):
-    """V tiles per kv head for a capacity of cap positions (F.V_TILE positions a tile)."""
-    return (cap + F.V_TILE - 1) // F.V_TILE
+cdef _point(i8a_rows *r, dict a):
+    """r's arrays at the C-contiguous arrays of a, by name (NULL for a name a lacks)."""
+    get = a.get
+    r.k_i8, r.v_i8 = <int8_t *>_ptr(get("k_i8")), <int8_t *>_ptr(get("v_i8"))
+    r.k_codes, r.v_codes = <uint8_t *>_ptr(get("k_codes")), <uint8_t *>_ptr(get("v_codes"))
+    r.k_scale, r.v_scale = <float *>_ptr(get("k_scale")), <float *>_ptr(get("v_scale"))
+    r.v_min = <float *>_ptr(get("v_min"))
+    r.k_group_min = <float *>_ptr(get("k_group_min"))
+    r.k_group_step = <float *>_ptr(get("k_group_step"))
+    r.k_first, r.v_first = <float *>_ptr(get("k_first")), <float *>_ptr(get("v_first"))
+    r.k_offset, r.v_offset = <float *>_ptr(get("k_offset")), <float *>_ptr(get("v_offset"))
+    r.k_recent, r.v_recent = <float *>_ptr(get("k_recent")), <float *>_ptr(get("v_recent"))
 
 
-def _untile(tiles, size_t n):
-    """Positions 0 .. n-1 of V tiles [Hkv, T, D, V_TILE] (byte r of dimension i of tile t:
-    position V_TILE t + r) as rows [Hkv, n, D], a new array."""
-    hkv, t, d = tiles.shape[0], tiles.shape[1], tiles.shape[2]
-    rows = tiles.transpose(0, 1, 3, 2).reshape(hkv, F.V_TILE * t, d)
-    return np.ascontiguousarray(rows[:, :n])
+cdef i8a_format _format_of(size_t hkv, size_t cap, size_t d, int k_bits, int v_bits,
+                           bint keep_first, bint center, size_t recent):
+    cdef i8a_format f
+    f.n_kv_heads, f.max_seq, f.head_dim, f.k_bits, f.v_bits = hkv, cap, d, k_bits, v_bits
+    f.keep_first, f.center, f.recent = keep_first, center, recent
+    return f
 
 
-def _tile_into(tiles, rows):
-    """Rows [Hkv, n, D] int8 into positions 0 .. n-1 of V tiles [Hkv, T, D, V_TILE] (_untile's
-    inverse; the slots past n are left as they are)."""
-    hkv, n, d = rows.shape
-    whole, part, size = n // F.V_TILE, n % F.V_TILE, F.V_TILE
-    tiles[:, :whole] = rows[:, :size * whole].reshape(hkv, whole, size, d).transpose(0, 1, 3, 2)
-    if part:
-        tiles[:, whole, :, :part] = rows[:, size * whole:].transpose(0, 2, 1)
-
-
-def _aligned_zeros(shape, str fmt, size_t itemsize):
-    """_aligned_empty, filled with zeros."""
-    a = _aligned_empty(shape, fmt, itemsize)
-    a.fill(0)
-    return a
-
-
-def _halves_into(values, halves, scales, str name):
-    """Rows values [m, D] float32 (each a row of halves times a power of two, as the engine
-    writes them) into halves [m, D] and scales [m] by the tier's half_row; ValueError naming
-    `name` when a row does not come back exactly."""
-    cdef float[:, ::1] x = np.ascontiguousarray(values, dtype=np.float32)
-    cdef uint16_t[:, ::1] h = halves
-    cdef float[::1] s = scales
-    cdef size_t m = x.shape[0], d = x.shape[1], r
-    cdef const i8a_kernels *kt = i8a_load_tier(&_kt)
-    for r in range(m):
-        s[r] = kt.half_row(&x[r, 0], d, &h[r, 0])
-    back = np.asarray(halves).view(np.float16).astype(np.float32) * np.asarray(scales)[:, None]
-    if not np.array_equal(back, np.asarray(x)):
-        raise ValueError(f"state {name} holds rows that are not halves times a power of two, "
-                         f"as a cache writes them")
+def _layout(n_kv_heads, max_seq, head_dim, *, k_bits=8, v_bits=8, keep_first=True,
+            center=False, recent=64):
+    """The store's layout of a cache with these options (checked by the caller): a dict of the
+    buffers it has, name -> (numpy dtype char, shape, bytes), in i8a_store_layout's order. For
+    the benchmarks and tests; a cache allocates from the same function."""
+    cdef i8a_format f = _format_of(n_kv_heads, max_seq, head_dim, k_bits, v_bits, keep_first,
+                                   center, recent)
+    cdef i8a_buffer buf[I8A_BUFFERS]
+    cdef size_t total
+    if i8a_store_layout(&f, buf, &total) != 0:
+        raise ValueError("the layout's sizes do not fit this platform's size_t")
+    return {buf[i].name.decode(): (chr(buf[i].type), tuple(buf[i].shape[j] for j in range(buf[i].ndim)),
+                                   buf[i].bytes)
+            for i in range(I8A_BUFFERS) if buf[i].bytes}
 
 
 def _readonly(arr):
@@ -273,18 +257,11 @@ A quantized KV cache for decode attention: K and V at 8 or 4 bits each.
     __signature__ = _args.GENERAL_SIGNATURE
 
     cdef i8a_cache _c
-    cdef object _k, _v, _ks, _vs              # owned buffers (numpy): codes and scales; at 4
-                                              # bits _k, _v hold the nibbles and _ks K's groups
-    cdef object _k4p, _k4s                    # K at 4 bits: [2, Hkv, groups, D] uint16 halves
-                                              # (minima, steps), [2, Hkv, groups] float32 scales
-    cdef object _v4m                          # V at 4 bits: [Hkv, max_seq] float32 minima
-    cdef object _k_ro, _ks_ro, _vs_ro         # read-only views of the whole buffers
+    cdef dict _buf                            # the store's buffers (numpy), by i8a_cache field:
+                                              # written only by the engine
+    cdef object _k_ro, _ks_ro, _vs_ro         # read-only views of K's codes and both scales
     cdef int _busy                            # taken by every call: i8a_try_acquire
-    cdef object _sign                         # [D] float32 +-1 of the rotation, or None
-    cdef object _kf, _vf                      # [Hkv, D] float32 with keep_first, else None
-    cdef object _ko, _vo                      # [Hkv, D] float32 with center, else None
-    cdef object _kr, _vr                      # [Hkv * ring, D] uint16 halves with recent
-    cdef object _krs, _vrs                    # [Hkv, ring] float32 their scales (or None)
+    cdef object _sign                         # [1, D] float32 +-1 of the rotation, or None
     cdef readonly int k_bits
     cdef readonly int v_bits
     cdef readonly bint rotate
@@ -297,76 +274,32 @@ A quantized KV cache for decode attention: K and V at 8 or 4 bits each.
         # The buffers are made here, once: __init__ can be called again, __cinit__ cannot, so
         # no call can swap a buffer from under a decode running without the GIL.
         o = _args.constructor(args, kwargs, not isinstance(self, Int8KVCache))
-        hkv, cap, d, recent = o.n_kv_heads, o.max_seq, o.head_dim, o.recent
-        cdef int8_t[:, :, ::1] k
-        cdef int8_t[:, :, :, ::1] v
-        cdef uint8_t[:, :, ::1] k4
-        cdef uint8_t[:, :, ::1] v4
-        cdef uint16_t[:, :, :, ::1] k4p
-        cdef float[:, :, ::1] k4s
-        cdef size_t groups = i8a_k4_groups(cap)
-        memset(&self._c, 0, sizeof(i8a_cache))   # every field zero: the sides fill theirs
-        self._c.k_bits, self._c.v_bits = o.k_bits, o.v_bits
-        self._k4p = self._k4s = self._v4m = None
-        if o.k_bits == 8:
-            self._k = _aligned_empty((hkv, cap, d), "b", 1)
-            self._ks = _aligned_empty((hkv, cap), "f", 4)
-            k = self._k
-            self._c.k_codes, self._c.k_scale = &k[0, 0, 0], _data(self._ks)
-            self._k_ro, self._ks_ro = _readonly(self._k), _readonly(self._ks)
-        else:                                 # zeroed: groups never coded read as zeros
-            self._k = _aligned_zeros((hkv, cap, d // 2), "B", 1)
-            self._k4p = _aligned_zeros((2, hkv, groups, d), "H", 2)
-            self._k4s = _aligned_zeros((2, hkv, groups), "f", 4)
-            k4, k4p, k4s = self._k, self._k4p, self._k4s
-            self._c.k4 = &k4[0, 0, 0]
-            self._c.k4_min, self._c.k4_step = &k4p[0, 0, 0, 0], &k4p[1, 0, 0, 0]
-            self._c.k4_min_scale, self._c.k4_step_scale = &k4s[0, 0, 0], &k4s[1, 0, 0]
-            self._ks = self._k4s
-            self._k_ro = self._ks_ro = None
-        self._vs = _aligned_empty((hkv, cap), "f", 4)
-        self._c.v_scale = _data(self._vs)
-        self._vs_ro = _readonly(self._vs)
-        if o.v_bits == 8:
-            self._v = _aligned_empty((hkv, _tile_count(cap), d, F.V_TILE), "b", 1)   # (_untile)
-            v = self._v
-            self._c.v_codes = &v[0, 0, 0, 0]
-        else:
-            self._v = _aligned_zeros((hkv, _tile_count(cap), 2 * d), "B", 1)
-            self._v4m = _aligned_empty((hkv, cap), "f", 4)
-            v4 = self._v
-            self._c.v4, self._c.v4_min = &v4[0, 0, 0], _data(self._v4m)
-        self._c.n_kv_heads, self._c.max_seq, self._c.head_dim, self._c.length = hkv, cap, d, 0
-        self._c.recent, self._c.ring = recent, min(2 * recent, cap)
-        self._kr = self._vr = self._krs = self._vrs = None
-        cdef uint16_t[:, ::1] halves
-        if recent:
-            self._kr = _aligned_empty((hkv * self._c.ring, d), "H", 2)
-            self._vr = _aligned_empty((hkv * self._c.ring, d), "H", 2)
-            self._krs = _aligned_empty((hkv, self._c.ring), "f", 4)
-            self._vrs = _aligned_empty((hkv, self._c.ring), "f", 4)
-            halves = self._kr
-            self._c.k_recent = &halves[0, 0]
-            halves = self._vr
-            self._c.v_recent = &halves[0, 0]
-            self._c.k_rscale, self._c.v_rscale = _data(self._krs), _data(self._vrs)
+        cdef i8a_format f = _format_of(o.n_kv_heads, o.max_seq, o.head_dim, o.k_bits, o.v_bits,
+                                       o.keep_first, o.center, o.recent)
+        cdef i8a_buffer buf[I8A_BUFFERS]
+        cdef void *mem[I8A_BUFFERS]
+        cdef size_t total
+        if i8a_store_layout(&f, buf, &total) != 0 or total > _args.INT_MAX:
+            raise ValueError(f"max_seq={o.max_seq} with n_kv_heads={o.n_kv_heads}, "
+                             f"head_dim={o.head_dim} needs more bytes of buffers than this "
+                             f"platform can address")
+        self._buf = {}
+        for i in range(I8A_BUFFERS):
+            mem[i] = NULL
+            if buf[i].bytes:
+                self._buf[buf[i].name.decode()] = _allocate(&buf[i], &mem[i])
+        self._sign = None
+        if o.rotate:
+            self._sign = np.empty((1, o.head_dim), np.float32)
+            i8a_rotation_signs(o.rotation_seed, o.head_dim, _data(self._sign))
+        i8a_store_bind(&self._c, &f, mem, _data(self._sign) if o.rotate else NULL)
+        self._k_ro = _readonly(self._buf["k_codes"]) if o.k_bits == 8 else None
+        self._ks_ro = _readonly(self._buf["k_scale"]) if o.k_bits == 8 else None
+        self._vs_ro = _readonly(self._buf["v_scale"])
         self._busy = 0
         self.k_bits, self.v_bits = o.k_bits, o.v_bits
         self.rotate, self.rotation_seed = o.rotate, o.rotation_seed
-        self.keep_first, self.center, self.recent = o.keep_first, o.center, recent
-        self._sign = self._kf = self._vf = self._ko = self._vo = None
-        if o.rotate:
-            self._sign = np.empty((1, d), np.float32)
-            i8a_rotation_signs(o.rotation_seed, d, _data(self._sign))
-            self._c.v_sign = _data(self._sign)
-            if o.k_bits == 8:                 # (K at 4 bits is stored per channel, unrotated)
-                self._c.k_sign = _data(self._sign)
-        if o.keep_first:
-            self._kf, self._vf = np.zeros((hkv, d), np.float32), np.zeros((hkv, d), np.float32)
-            self._c.k_first, self._c.v_first = _data(self._kf), _data(self._vf)
-        if o.center:
-            self._ko, self._vo = np.zeros((hkv, d), np.float32), np.zeros((hkv, d), np.float32)
-            self._c.k_offset, self._c.v_offset = _data(self._ko), _data(self._vo)
+        self.keep_first, self.center, self.recent = o.keep_first, o.center, o.recent
 
     def __dealloc__(self):
         i8a_cache_free_work(&self._c)
@@ -396,14 +329,7 @@ A quantized KV cache for decode attention: K and V at 8 or 4 bits each.
         rows of position 0 with keep_first, the offsets with center, and the ring of the recent
         window: K and V rows of min(2 * recent, max_seq) positions as halves, a float32 scale
         per row."""
-        hkv, d, cap = self._c.n_kv_heads, self._c.head_dim, self._c.max_seq
-        groups = i8a_k4_groups(cap)
-        extra = 2 * hkv * (int(self.keep_first) + int(self.center)) * d * 4
-        extra += 2 * hkv * self._c.ring * (d * 2 + 4)
-        k = cap * (d + 4) if self.k_bits == 8 else cap * d // 2 + groups * (4 * d + 8)
-        v = (F.V_TILE * _tile_count(cap) * d + cap * 4 if self.v_bits == 8
-             else 2 * _tile_count(cap) * d + cap * 8)
-        return hkv * (k + v) + extra
+        return sum(a.nbytes for a in self._buf.values())      # (the store's layout)
 
     def __len__(self):
         return self._c.length
@@ -438,7 +364,7 @@ A quantized KV cache for decode attention: K and V at 8 or 4 bits each.
         self._eight("v_i8", self.v_bits)
         self._enter()
         try:
-            return _readonly(self._v_i8_held())
+            return _readonly(self._export(("v_i8",))["v_i8"])
         finally:
             self._leave()
 
@@ -446,32 +372,26 @@ A quantized KV cache for decode attention: K and V at 8 or 4 bits each.
         """Read-only view of the whole V buffer, [Hkv, ceil(max_seq / 4), D, 4] int8 (4:
         _format.V_TILE): byte r of dimension i of tile t is position 4 t + r (the slots past the length hold whatever was
         last written there, or nothing defined). For tests and the benchmarks' probe check."""
-        return _readonly(self._v)
+        return _readonly(self._buf["v_codes"])
 
-    def _v_i8_held(self):
-        """The V codes [Hkv, len, D] int8, a new array; the caller holds the busy flag."""
-        return _untile(self._v, self._c.length)
-
-    def _sides(self):
-        """The codes and scales of both sides for state_dict (copies): int8 ``k_i8``,
-        ``k_scale`` / ``v_i8``, ``v_scale``; at 4 bits K's ``k_codes`` [Hkv, len, D] uint8 and
-        ``k_group_min``, ``k_group_step`` [Hkv, ceil(len / 32), D] float32, V's ``v_codes``,
-        ``v_min`` [Hkv, len] and ``v_scale`` (its steps). The caller holds the busy flag."""
-        n = self._c.length
-        out = {}
-        if self.k_bits == 8:
-            out["k_i8"], out["k_scale"] = self._k[:, :n].copy(), self._ks[:, :n].copy()
-        else:
-            g = i8a_k4_groups(n)
-            h = self._k4p[:, :, :g].view(np.float16).astype(np.float32)
-            vals = h * self._k4s[:, :, :g, None]
-            out["k_codes"] = _state.unpack_rows(self._k[:, :n])
-            out["k_group_min"], out["k_group_step"] = vals[0], vals[1]
-        if self.v_bits == 8:
-            out["v_i8"], out["v_scale"] = self._v_i8_held(), self._vs[:, :n].copy()
-        else:
-            out["v_codes"] = _state.unpack_tiles(self._v, n)
-            out["v_min"], out["v_scale"] = self._v4m[:, :n].copy(), self._vs[:, :n].copy()
+    cdef dict _export(self, keys):
+        """The arrays `keys` of the cache's rows as its file holds them (i8a_export; the
+        caller holds the busy flag): new arrays, by name."""
+        cdef size_t hkv = self._c.n_kv_heads, n = self._c.length, d = self._c.head_dim
+        cdef size_t groups = i8a_k4_groups(n)
+        cdef i8a_rows r
+        memset(&r, 0, sizeof(i8a_rows))
+        shapes = {"k_i8": ("b", (hkv, n, d)), "v_i8": ("b", (hkv, n, d)),
+                  "k_codes": ("B", (hkv, n, d)), "v_codes": ("B", (hkv, n, d)),
+                  "k_scale": ("f", (hkv, n)), "v_scale": ("f", (hkv, n)), "v_min": ("f", (hkv, n)),
+                  "k_group_min": ("f", (hkv, groups, d)), "k_group_step": ("f", (hkv, groups, d)),
+                  "k_first": ("f", (hkv, d)), "v_first": ("f", (hkv, d)),
+                  "k_offset": ("f", (hkv, d)), "v_offset": ("f", (hkv, d)),
+                  "k_recent": ("f", (i8a_rows_held(&self._c), hkv, d)),
+                  "v_recent": ("f", (i8a_rows_held(&self._c), hkv, d))}
+        out = {key: np.empty(shapes[key][1], shapes[key][0]) for key in keys}
+        _point(&r, out)
+        i8a_export(&self._c, &r)
         return out
 
     @property
@@ -490,23 +410,23 @@ A quantized KV cache for decode attention: K and V at 8 or 4 bits each.
     def k_first(self):
         """Position 0 of K as appended, [Hkv, D] float32 (a copy), when the cache keeps it and
         holds a token; else None."""
-        return self._kf.copy() if self.keep_first and self._c.length else None
+        return self._buf["k_first"].copy() if self.keep_first and self._c.length else None
 
     @property
     def v_first(self):
         """Position 0 of V as appended, like ``k_first``."""
-        return self._vf.copy() if self.keep_first and self._c.length else None
+        return self._buf["v_first"].copy() if self.keep_first and self._c.length else None
 
     @property
     def k_offset(self):
         """The K offset per kv head, [Hkv, D] float32 (a copy) in the stored space (rotated when
         the cache rotates), when the cache centers and its offsets are set (see ``center``); else None."""
-        return self._ko.copy() if self.center and self._c.offsets_set else None
+        return self._buf["k_offset"].copy() if self.center and self._c.offsets_set else None
 
     @property
     def v_offset(self):
         """The V offset per kv head, like ``k_offset``."""
-        return self._vo.copy() if self.center and self._c.offsets_set else None
+        return self._buf["v_offset"].copy() if self.center and self._c.offsets_set else None
 
     def dequantize(self):
         """The history decode attends over, as floats: ``(k, v)``, each [len, Hkv, D] float32:
@@ -687,7 +607,11 @@ A quantized KV cache for decode attention: K and V at 8 or 4 bits each.
         """
         self._enter()
         try:
-            return _state.state_of(self)
+            rows = self._export(_state.fields(self.k_bits, self.v_bits))
+            return _state.state_of(self.n_kv_heads, self.max_seq, self.head_dim, self.k_bits,
+                                   self.v_bits, self.rotate, self.rotation_seed, self.keep_first,
+                                   self.center, self.recent, len(self), bool(self._c.offsets_set),
+                                   rows)
         finally:
             self._leave()
 
@@ -696,65 +620,31 @@ A quantized KV cache for decode attention: K and V at 8 or 4 bits each.
         """A cache holding exactly what ``state`` (from ``state_dict``) holds. ``max_seq``
         defaults to the saved capacity and must be at least the saved length. Raises ValueError
         naming what is missing, mis-shaped or impossible; nothing is half-loaded."""
-        return _state.restore(cls, state, max_seq)
+        s = _state.check(state, max_seq)
+        general = "k_bits" in cls.__signature__.parameters
+        try:
+            cache = cls(s.n_kv_heads, s.max_seq, s.head_dim, **_state.options(s, general, cls.__name__))
+        except (MemoryError, ValueError) as e:
+            raise _state.allocation_error(s, max_seq, e) from None
+        cache._import(s.length, s.arrays, s.offsets_set)
+        return cache
 
-    def _held(self):
-        """The floats held for the latest positions, oldest first: (k, v), each [n, Hkv, D]
-        float32 (copies; n = 0 without a recent window). The caller holds the busy flag."""
-        hkv, d = self._c.n_kv_heads, self._c.head_dim
-        n = self._c.length - self._c.held_from
-        if not self.recent:
-            return np.zeros((0, hkv, d), np.float32), np.zeros((0, hkv, d), np.float32)
-        slots = (np.arange(self._c.held_from, self._c.length) + self._c.ring_shift) % self._c.ring
-
-        def rows(halves, scales):                   # h * scale is exact: the floats decode reads
-            h = halves.reshape(hkv, self._c.ring, d)[:, slots].view(np.float16)
-            x = h.astype(np.float32) * scales[:, slots][..., None]
-            return np.ascontiguousarray(x.transpose(1, 0, 2))
-        return rows(self._kr, self._krs), rows(self._vr, self._vrs)
-
-    def _offsets_set(self):
-        """Whether the offsets are set (center). The caller holds the busy flag."""
-        return bool(self._c.offsets_set)
-
-    def _restore(self, length, arrays, offsets_set):
-        """Copy a checked state's arrays (_state.restore) into this new, empty cache."""
+    def _import(self, size_t length, dict arrays, bint offsets_set):
+        """Fill this new, empty cache with a checked state's arrays (i8a_import)."""
+        cdef i8a_rows r
+        memset(&r, 0, sizeof(i8a_rows))
+        cdef int rc
+        a = {key: np.ascontiguousarray(x) for key, x in arrays.items()}
+        _point(&r, a)
+        r.length, r.held, r.offsets_set = length, a["k_recent"].shape[0], offsets_set
         self._enter()
         try:
             if self._c.length:
-                raise RuntimeError("_restore needs an empty cache")
-            n = length
-            if self.keep_first:
-                self._kf[:], self._vf[:] = arrays["k_first"], arrays["v_first"]
-            if self.center:
-                self._ko[:], self._vo[:] = arrays["k_offset"], arrays["v_offset"]
-                self._c.offsets_set = 1 if offsets_set else 0
-            if self.k_bits == 8:
-                self._k[:, :n] = arrays["k_i8"]
-                self._ks[:, :n] = arrays["k_scale"]
-            else:
-                hkv, d, g = self._c.n_kv_heads, self._c.head_dim, i8a_k4_groups(n)
-                self._k[:, :n] = _state.pack_rows(arrays["k_codes"])
-                for side, key in enumerate(("k_group_min", "k_group_step")):
-                    halves = np.empty((hkv * g, d), np.uint16)
-                    scales = np.empty(hkv * g, np.float32)
-                    _halves_into(arrays[key].reshape(hkv * g, d), halves, scales, key)
-                    self._k4p[side, :, :g] = halves.reshape(hkv, g, d)
-                    self._k4s[side, :, :g] = scales.reshape(hkv, g)
-            if self.v_bits == 8:
-                _tile_into(self._v, arrays["v_i8"])
-            else:
-                _state.pack_tiles_into(self._v, arrays["v_codes"])
-                self._v4m[:, :n] = arrays["v_min"]
-            self._vs[:, :n] = arrays["v_scale"]
-            held = arrays["k_recent"].shape[0]
-            if self.recent and held:            # into slots 0 .. held-1, as halves
-                _hold(arrays["k_recent"], self._kr, self._krs, self._c.ring)
-                _hold(arrays["v_recent"], self._vr, self._vrs, self._c.ring)
-            self._c.ring_shift = (self._c.ring - (n - held) % self._c.ring) % self._c.ring \
-                if self.recent else 0
-            self._c.held_from = n - held
-            self._c.length = n
+                raise RuntimeError("_import needs an empty cache")
+            rc = i8a_import(i8a_load_tier(&_kt), &self._c, &r)
+            if rc:
+                raise ValueError(f"state {('k_group_min', 'k_group_step')[rc - 1]} holds rows "
+                                 f"that are not halves times a power of two, as a cache writes them")
         finally:
             self._leave()
 
@@ -762,7 +652,7 @@ A quantized KV cache for decode attention: K and V at 8 or 4 bits each.
         """Write the cache to ``path`` (a path, or a binary file object open for writing) as an
         uncompressed ``.npz`` (numpy can read it: ``numpy.load(path)`` gives the arrays of
         ``state_dict``; zip CRCs guard every array)."""
-        _state.save(self, path)
+        _state.save(self.state_dict(), path)
 
     @classmethod
     def load(cls, path, max_seq=None):
@@ -770,7 +660,7 @@ A quantized KV cache for decode attention: K and V at 8 or 4 bits each.
         reading). A file that cannot be opened raises OSError
         (a missing file, FileNotFoundError); one that is truncated, corrupted or foreign raises
         ValueError."""
-        return _state.load(cls, path, max_seq)
+        return cls.from_state_dict(_state.read(path), max_seq)
 
 
 cdef class Int8KVCache(KVCache):
@@ -960,12 +850,12 @@ def _attend(q_hi, q_lo, c_hi, c_lo, k, k_scale, v, v_scale, bias, softcap=0.0, t
     v = np.asarray(v)
     if not (v.ndim == 2 and 0 <= lead < F.V_TILE):
         raise ValueError("_attend: v must be [n, d] and lead in 0 .. 3")
-    rows = np.full((1, lead + v.shape[0], v.shape[1]), -127, np.int8)   # the unread slots
-    rows[0, lead:] = v
-    tiles = np.full((1, _tile_count(rows.shape[1]), v.shape[1], F.V_TILE), -127, np.int8)
-    _tile_into(tiles, rows)
+    cdef const int8_t[:, ::1] vrows = np.ascontiguousarray(v, np.int8)
+    tiles = np.full((1, -(-(lead + v.shape[0]) // F.V_TILE), v.shape[1], F.V_TILE), -127,
+                    np.int8)                            # the unread slots hold -127
+    if v.shape[0] and v.shape[1]:
+        i8a_tile_rows(&vrows[0, 0], v.shape[0], v.shape[1], lead, <int8_t *>_ptr(tiles))
     cdef const int8_t[:, :, :, ::1] vt = tiles
-    cdef const int8_t[:, ::1] vm = np.ascontiguousarray(v, np.int8)
     cdef const float[::1] ch = np.ascontiguousarray(c_hi, np.float32)
     cdef const float[::1] cl = np.ascontiguousarray(c_lo, np.float32)
     cdef const float[::1] bm = np.ascontiguousarray(bias, np.float32)
@@ -973,7 +863,7 @@ def _attend(q_hi, q_lo, c_hi, c_lo, k, k_scale, v, v_scale, bias, softcap=0.0, t
     cdef const float[::1] vsm = np.ascontiguousarray(v_scale, np.float32)
     nq, d, n = qh.shape[0], qh.shape[1], km.shape[0]
     fits = ((ql.shape[0], ql.shape[1]) == (nq, d) and km.shape[1] == d
-            and (vm.shape[0], vm.shape[1]) == (n, d)
+            and (vrows.shape[0], vrows.shape[1]) == (n, d)
             and ch.shape[0] == cl.shape[0] == bm.shape[0] == nq and ksm.shape[0] == vsm.shape[0] == n
             and d % 16 == 0 and 16 <= d <= I8A_MAX_HEAD_DIM and 1 <= n <= I8A_CHUNK and nq >= 1)
     if not fits:

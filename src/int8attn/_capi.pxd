@@ -60,35 +60,47 @@ cdef extern from "_engine.h" nogil:
         I8A_RECENT_MAX
     float I8A_VALUE_MAX
     float I8A_QSCALE_MAX
-    ctypedef struct i8a_cache:
-        int8_t *k_codes
-        int8_t *v_codes
+    ctypedef struct i8a_cache:               # (the fields the front end reads)
+        size_t n_kv_heads, max_seq, head_dim, length
+        int offsets_set
+        float *v_scale
+    ctypedef struct i8a_format:
+        size_t n_kv_heads, max_seq, head_dim
+        int k_bits, v_bits, keep_first, center
+        size_t recent
+    enum:
+        I8A_BUFFERS
+    ctypedef struct i8a_buffer:
+        const char *name
+        char type
+        size_t item, ndim
+        size_t shape[4]
+        size_t bytes
+        int zeroed
+    int i8a_store_layout(const i8a_format *f, i8a_buffer *buf, size_t *total)
+    void i8a_store_bind(i8a_cache *c, const i8a_format *f, void **mem, const float *sign)
+    ctypedef struct i8a_rows:
+        size_t length, held
+        int offsets_set
+        int8_t *k_i8
+        int8_t *v_i8
         float *k_scale
         float *v_scale
-        size_t n_kv_heads, max_seq, head_dim, length
-        const float *k_sign
-        const float *v_sign
+        uint8_t *k_codes
+        uint8_t *v_codes
+        float *k_group_min
+        float *k_group_step
+        float *v_min
         float *k_first
         float *v_first
         float *k_offset
         float *v_offset
-        int offsets_set
-        size_t recent, ring
-        uint16_t *k_recent
-        uint16_t *v_recent
-        float *k_rscale
-        float *v_rscale
-        size_t ring_shift, held_from
-        void *work
-        size_t work_bytes
-        int k_bits, v_bits
-        uint8_t *k4
-        uint16_t *k4_min
-        uint16_t *k4_step
-        float *k4_min_scale
-        float *k4_step_scale
-        uint8_t *v4
-        float *v4_min
+        float *k_recent
+        float *v_recent
+    size_t i8a_rows_held(const i8a_cache *c)
+    void i8a_export(const i8a_cache *c, i8a_rows *r)
+    int i8a_import(const i8a_kernels *kt, i8a_cache *c, const i8a_rows *r)
+    void i8a_tile_rows(const int8_t *rows, size_t n, size_t d, size_t lead, int8_t *tiles)
     ctypedef struct i8a_options:
         float scale
         int q_bits

@@ -88,6 +88,85 @@ typedef struct {
     float *v4_min;              /* [n_kv_heads][max_seq] */
 } i8a_cache;
 
+/* A cache's format: what decides its buffers. */
+typedef struct {
+    size_t n_kv_heads, max_seq, head_dim;
+    int k_bits, v_bits;         /* 8 or 4 each */
+    int keep_first, center;     /* position 0 as floats; the offsets (needs keep_first, 8/8) */
+    size_t recent;              /* R; the ring holds min(2R, max_seq) positions */
+} i8a_format;
+
+/* The buffers of a cache, by the i8a_cache field each backs (the order of i8a_store_layout's
+ * table). */
+enum {
+    I8A_BUF_K_CODES, I8A_BUF_K_SCALE, I8A_BUF_K4, I8A_BUF_K4_MIN, I8A_BUF_K4_STEP,
+    I8A_BUF_K4_MIN_SCALE, I8A_BUF_K4_STEP_SCALE, I8A_BUF_V_CODES, I8A_BUF_V_SCALE, I8A_BUF_V4,
+    I8A_BUF_V4_MIN, I8A_BUF_K_FIRST, I8A_BUF_V_FIRST, I8A_BUF_K_OFFSET, I8A_BUF_V_OFFSET,
+    I8A_BUF_K_RECENT, I8A_BUF_V_RECENT, I8A_BUF_K_RSCALE, I8A_BUF_V_RSCALE,
+    I8A_BUFFERS
+};
+
+/* One buffer of a cache: its elements' type, its shape (C order) and size. */
+typedef struct {
+    const char *name;           /* the i8a_cache field */
+    char type;                  /* 'b' int8, 'B' uint8, 'H' uint16 (IEEE halves), 'f' float32 */
+    size_t item;                /* bytes an element */
+    size_t ndim, shape[4];
+    size_t bytes;               /* item times the shape's product; 0: the format has none */
+    int zeroed;                 /* must hold zeros before the first append */
+} i8a_buffer;
+
+/* The layout of a cache of format f: buf[i] for every I8A_BUF_* (the store's one statement of
+ * which buffers a format has and how large each is; the front end allocates from it, nbytes
+ * sums it, the C check and the benchmarks read it). *total: the sum of their bytes. Returns 0,
+ * or -1 when a size does not fit a size_t (f's fields are otherwise taken as valid). */
+int i8a_store_layout(const i8a_format *f, i8a_buffer buf[I8A_BUFFERS], size_t *total);
+
+/* c: an empty cache of format f over the buffers mem[i] (buf[i].bytes each, as i8a_store_layout
+ * gives them, 64-byte aligned, zeros where buf[i].zeroed; NULL where the format has none). sign
+ * [d] is the rotation's signs or NULL (no rotation): V is rotated with it, and K when at 8 bits
+ * (K at 4 bits is stored per channel, unrotated). c's workspace starts empty. */
+void i8a_store_bind(i8a_cache *c, const i8a_format *f, void *const mem[I8A_BUFFERS],
+                    const float *sign);
+
+/* The cache's rows as its file holds them (state_dict's arrays, docs/architecture.md "The file
+ * format"): codes one per byte, V as rows, K's group minima and steps and the recent window's
+ * rows as floats. A pointer is NULL where the format has no such array. */
+typedef struct {
+    size_t length;              /* tokens */
+    size_t held;                /* the recent window's rows held: positions length - held ..
+                                 * length - 1 */
+    int offsets_set;
+    int8_t *k_i8, *v_i8;        /* [hkv][len][d] a side at 8 bits */
+    float *k_scale, *v_scale;   /* [hkv][len] (V at 4 bits: its steps) */
+    uint8_t *k_codes, *v_codes; /* [hkv][len][d] a side at 4 bits: codes 0 .. 15 */
+    float *k_group_min, *k_group_step;  /* [hkv][ceil(len / 32)][d] K at 4 bits */
+    float *v_min;               /* [hkv][len] V at 4 bits */
+    float *k_first, *v_first;   /* [hkv][d] position 0 (zeros without keep_first or tokens) */
+    float *k_offset, *v_offset; /* [hkv][d] the offsets (zeros unless they hold) */
+    float *k_recent, *v_recent; /* [held][hkv][d] */
+} i8a_rows;
+
+/* The recent window's rows a cache holds (i8a_rows.held). */
+size_t i8a_rows_held(const i8a_cache *c);
+
+/* Copy the cache's rows out into r's arrays (those that are not NULL: a caller may ask for one;
+ * r->length, held and offsets_set are set). */
+void i8a_export(const i8a_cache *c, i8a_rows *r);
+
+/* Fill the empty cache c with the rows r (checked by the caller: shapes, counts, code and value
+ * ranges, length <= cap, held <= min(length, ring)): the state the export that gave them
+ * had. The recent window's rows become halves as an append makes them (a row that is halves
+ * times a power of two comes back exactly); K's group minima and steps must be such rows.
+ * Returns 0, or with c still empty 1 / 2 when a row of k_group_min / k_group_step is not halves
+ * times a power of two. */
+int i8a_import(const i8a_kernels *kt, i8a_cache *c, const i8a_rows *r);
+
+/* V codes rows [n][d] (int8) into V tiles (i8a_cache's layout: ceil((lead + n) / 4) tiles of
+ * 4 d bytes) from slot `lead` (0 .. 3) of the first; the other slots are left as they are. For
+ * the kernels' test entry, which builds a span by hand. */
+void i8a_tile_rows(const int8_t *rows, size_t n, size_t d, size_t lead, int8_t *tiles);
+
 /* K groups at 4 bits of a cache of cap positions: ceil(cap / I8A_K4_GROUP). A group is coded
  * once all its positions are appended (from the rows as the recent window keeps them, so the
  * codes do not depend on how appends were split); until then its positions are read from the

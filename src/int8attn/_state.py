@@ -34,61 +34,27 @@ class State(NamedTuple):
     arrays: dict
 
 
-# -- the codes at 4 bits, packed as the engine keeps them (dispatch.h) and unpacked ---------
-
-def unpack_rows(packed):
-    """4-bit rows [..., D / 2] uint8 (blocks of 16 bytes: element i low, i + 16 high) as codes
-    [..., D] uint8."""
-    lead, half = packed.shape[:-1], packed.shape[-1]       # (no -1: the arrays may be empty)
-    b = packed.reshape(*lead, half // 16, 1, 16)
-    return np.concatenate([b & 15, b >> 4], axis=-2).reshape(*lead, 2 * half)
+def fields(k_bits, v_bits):
+    """The arrays a state of this format holds beside its settings: each side's codes and scales
+    (_SIDE), the float rows and the recent window's rows."""
+    return (*_SIDE["k", k_bits], *_SIDE["v", v_bits], *_FLOAT_ROWS, "k_recent", "v_recent")
 
 
-def pack_rows(codes):
-    """unpack_rows' inverse: codes [..., D] (0 .. 15) as rows [..., D / 2] uint8."""
-    lead, d = codes.shape[:-1], codes.shape[-1]
-    c = codes.astype(np.uint8).reshape(*lead, d // 32, 2, 16)
-    return (c[..., 0, :] | (c[..., 1, :] << 4)).reshape(*lead, d // 2)
-
-
-def unpack_tiles(tiles, n):
-    """Positions 0 .. n-1 of V tiles at 4 bits [Hkv, T, 2 D] (per block of 32 dimensions, byte
-    4 i + r: dimension i low, i + 16 high, of position r) as codes [Hkv, n, D] uint8."""
-    hkv, t, d = tiles.shape[0], tiles.shape[1], tiles.shape[2] // 2
-    b = tiles.reshape(hkv, t, d // 32, 1, 16, F.V_TILE)
-    c = np.concatenate([b & 15, b >> 4], axis=3).reshape(hkv, t, d, F.V_TILE)
-    return np.ascontiguousarray(c.transpose(0, 1, 3, 2).reshape(hkv, t * F.V_TILE, d)[:, :n])
-
-
-def pack_tiles_into(tiles, codes):
-    """Codes [Hkv, n, D] (0 .. 15) into positions 0 .. n-1 of V tiles at 4 bits [Hkv, T, 2 D]
-    (unpack_tiles' inverse; the bytes of tiles past n's are zeros)."""
-    hkv, n, d = codes.shape
-    t = -(-n // F.V_TILE)
-    full = np.zeros((hkv, t * F.V_TILE, d), np.uint8)
-    full[:, :n] = codes
-    c = full.reshape(hkv, t, F.V_TILE, d).transpose(0, 1, 3, 2).reshape(hkv, t, d // 32, 2, 16,
-                                                                         F.V_TILE)
-    tiles[:, :t] = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(hkv, t, 2 * d)
-
-
-def state_of(cache):
-    """The state dict of `cache` (copies); the caller holds the cache's busy flag."""
-    hkv, d = cache.n_kv_heads, cache.head_dim
-    zeros = np.zeros((hkv, d), np.float32)
-    rows = {key: getattr(cache, key) for key in _FLOAT_ROWS}
-    k_recent, v_recent = cache._held()
+def state_of(n_kv_heads, max_seq, head_dim, k_bits, v_bits, rotate, rotation_seed, keep_first,
+             center, recent, length, offsets_set, rows):
+    """The state dict of a cache with these settings whose rows (``fields``' arrays, exported by
+    the engine) are `rows`."""
     return {
         "format": F.FILE_FORMAT, "format_version": F.FILE_VERSION,
-        "n_kv_heads": hkv, "max_seq": cache.max_seq, "head_dim": d, "length": len(cache),
-        "k_bits": cache.k_bits, "v_bits": cache.v_bits,
-        "rotate": cache.rotate, "rotation_seed": cache.rotation_seed,
-        "rotation_block": d & -d if cache.rotate else 0,
-        **cache._sides(),
-        "keep_first": cache.keep_first, "center": cache.center,
-        **{key: zeros.copy() if row is None else row for key, row in rows.items()},
-        "offsets_set": cache._offsets_set(), "recent": cache.recent,
-        "k_recent": k_recent, "v_recent": v_recent,
+        "n_kv_heads": n_kv_heads, "max_seq": max_seq, "head_dim": head_dim, "length": length,
+        "k_bits": k_bits, "v_bits": v_bits,
+        "rotate": rotate, "rotation_seed": rotation_seed,
+        "rotation_block": head_dim & -head_dim if rotate else 0,
+        **{key: rows[key] for k in ("k", "v") for key in _SIDE[k, (k_bits, v_bits)[k == "v"]]},
+        "keep_first": keep_first, "center": center,
+        **{key: rows[key] for key in _FLOAT_ROWS},
+        "offsets_set": offsets_set, "recent": recent,
+        "k_recent": rows["k_recent"], "v_recent": rows["v_recent"],
     }
 
 
@@ -243,38 +209,34 @@ def check(state, max_seq):
                  offsets_set, arrays)
 
 
-def restore(cls, state, max_seq):
-    """A new cls (KVCache or Int8KVCache) holding exactly what `state` holds."""
-    s = check(state, max_seq)
-    bits = {"k_bits": s.k_bits, "v_bits": s.v_bits}
-    if (s.k_bits, s.v_bits) != (8, 8) and "k_bits" not in cls.__signature__.parameters:
+def options(s, general, name):
+    """The constructor's options of the cache a checked state s holds: KVCache's (`general`)
+    or Int8KVCache's (named `name`), which holds 8-bit sides only."""
+    if (s.k_bits, s.v_bits) != (8, 8) and not general:
         raise ValueError(f"state holds a cache with k_bits={s.k_bits}, v_bits={s.v_bits}: load "
-                         f"it as a KVCache ({cls.__name__} is the 8-bit cache)")
-    if "k_bits" not in cls.__signature__.parameters:
-        bits = {}
-    try:
-        cache = cls(s.n_kv_heads, s.max_seq, s.head_dim, rotate=s.rotate,
-                    rotation_seed=s.rotation_seed, keep_first=s.keep_first, center=s.center,
-                    recent=s.recent, **bits)
-    except (MemoryError, ValueError) as e:
-        what = "state max_seq" if max_seq is None else "max_seq"
-        raise ValueError(f"{what} {s.max_seq} cannot be allocated for n_kv_heads={s.n_kv_heads}, "
-                         f"head_dim={s.head_dim} ({type(e).__name__}: {e}); pass a smaller "
-                         f"max_seq (at least the state's length, {s.length})") from None
-    cache._restore(s.length, s.arrays, s.offsets_set)
-    return cache
+                         f"it as a KVCache ({name} is the 8-bit cache)")
+    bits = {"k_bits": s.k_bits, "v_bits": s.v_bits} if general else {}
+    return dict(rotate=s.rotate, rotation_seed=s.rotation_seed, keep_first=s.keep_first,
+                center=s.center, recent=s.recent, **bits)
 
 
-def save(cache, path):
-    """Write `cache` to path (a path, or a binary file object open for writing)."""
-    state = cache.state_dict()
+def allocation_error(s, max_seq, e):
+    """The ValueError of a state s whose cache could not be made (e: why)."""
+    what = "state max_seq" if max_seq is None else "max_seq"
+    return ValueError(f"{what} {s.max_seq} cannot be allocated for n_kv_heads={s.n_kv_heads}, "
+                      f"head_dim={s.head_dim} ({type(e).__name__}: {e}); pass a smaller "
+                      f"max_seq (at least the state's length, {s.length})")
+
+
+def save(state, path):
+    """Write a state dict to path (a path, or a binary file object open for writing)."""
     with contextlib.nullcontext(path) if hasattr(path, "write") else open(path, "wb") as f:
         np.savez(f, **{k: np.asarray(v) for k, v in state.items()})
 
 
-def load(cls, path, max_seq):
-    """A cls from a file written by save: OSError when the file cannot be opened, ValueError
-    when its content is truncated, corrupted or foreign."""
+def read(path):
+    """The state dict in a file written by save (not yet checked): OSError when the file cannot
+    be opened, ValueError when its content is truncated, corrupted or foreign."""
     with contextlib.nullcontext(path) if hasattr(path, "read") else open(path, "rb") as f:
         try:
             with np.load(f, allow_pickle=False) as z:
@@ -283,4 +245,4 @@ def load(cls, path, max_seq):
             why = (f"{type(e).__name__}: {e}" if "allow_pickle" not in str(e)
                    else "it holds pickled Python objects, which a cache file never does")
             raise ValueError(f"{path!s} is not a readable int8attn cache file: {why}") from None
-    return restore(cls, state, max_seq)
+    return state

@@ -42,48 +42,26 @@ static int run_case(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
     static float sign[I8A_MAX_HEAD_DIM];
     for (size_t i = 0; i < d; i++)
         sign[i] = (i * 2654435761u) & 64 ? -1.0f : 1.0f;
-    i8a_cache c = {0};
-    c.n_kv_heads = hkv, c.max_seq = len, c.head_dim = d, c.length = 0;
-    c.k_bits = k_bits, c.v_bits = v_bits;
     const int eight = k_bits == 8 && v_bits == 8;
-    /* both sides rotated on a quarter of the cases, V alone on another quarter */
-    c.k_sign = len % 4 == 1 && k_bits == 8 ? sign : NULL;
-    c.v_sign = len % 4 == 1 || len % 4 == 3 ? sign : NULL;
-    /* position 0 kept as floats on two thirds of the cases, and the offsets on half of those */
-    float *centering = len % 3 ? malloc(4 * hkv * d * sizeof(float)) : NULL;
-    if (centering)
-        c.k_first = centering, c.v_first = centering + hkv * d;
-    if (len % 3 == 2 && eight)
-        c.k_offset = centering + 2 * hkv * d, c.v_offset = centering + 3 * hkv * d;
-    /* the recent window on half of the cases: R = 64 or 16, the ring min(2R, len) long */
+    /* position 0 kept as floats on two thirds of the cases, and the offsets on half of those;
+     * the recent window on half of the cases: R = 64 or 16 (K at 4 bits: 64) */
     const size_t recent = k_bits == 4 ? 64 : len % 2 ? 0 : len % 4 ? 16 : 64;
-    uint16_t *ring = NULL;
-    float *ring_scale = NULL;
-    if (recent) {
-        c.recent = recent, c.ring = 2 * recent < len ? 2 * recent : len;
-        ring = malloc(2 * c.ring * hkv * d * sizeof(uint16_t));
-        ring_scale = malloc(2 * c.ring * hkv * sizeof(float));
-        c.k_recent = ring, c.v_recent = ring + c.ring * hkv * d;
-        c.k_rscale = ring_scale, c.v_rscale = ring_scale + c.ring * hkv;
+    const i8a_format f = {hkv, len, d, k_bits, v_bits, len % 3 != 0, len % 3 == 2 && eight,
+                          recent};
+    i8a_buffer buf[I8A_BUFFERS];
+    void *mem[I8A_BUFFERS];
+    size_t total;
+    if (i8a_store_layout(&f, buf, &total) != 0)
+        return 1;
+    for (size_t i = 0; i < I8A_BUFFERS; i++) {   /* the store's layout, as the front end uses it */
+        const size_t n = buf[i].bytes;
+        mem[i] = !n ? NULL : buf[i].zeroed ? calloc(1, n) : malloc(n);
     }
-    const size_t tiles = (len + I8A_V_TILE - 1) / I8A_V_TILE, groups = i8a_k4_groups(len);
-    if (k_bits == 8) {
-        c.k_codes = malloc(hkv * len * d);
-        c.k_scale = malloc(hkv * len * sizeof(float));
-    } else {
-        c.k4 = malloc(hkv * len * d / 2);
-        c.k4_min = malloc(hkv * groups * d * sizeof(uint16_t));
-        c.k4_step = malloc(hkv * groups * d * sizeof(uint16_t));
-        c.k4_min_scale = malloc(hkv * groups * sizeof(float));
-        c.k4_step_scale = malloc(hkv * groups * sizeof(float));
-    }
-    if (v_bits == 8) {
-        c.v_codes = malloc(hkv * tiles * I8A_V_TILE * d);       /* tiles */
-    } else {
-        c.v4 = malloc(hkv * tiles * 2 * d);
-        c.v4_min = malloc(hkv * len * sizeof(float));
-    }
-    c.v_scale = malloc(hkv * len * sizeof(float));
+    i8a_cache c;
+    /* both sides rotated on a quarter of the cases, V alone on another quarter */
+    i8a_store_bind(&c, &f, mem, len % 4 == 1 || len % 4 == 3 ? sign : NULL);
+    if (len % 4 == 3)
+        c.k_sign = NULL;
     float *k = malloc(len * hkv * d * sizeof(float)), *v = malloc(len * hkv * d * sizeof(float));
     float *q = malloc(h * d * sizeof(float));
     uint64_t seed = rng;
@@ -103,10 +81,9 @@ static int run_case(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
     const i8a_options opt = {0.125f, q_bits, 0, 0, len % 2 ? 0.0f : 5.0f};   /* softcap on half */
     rc |= i8a_decode(kt, &c, q, 1, h, &opt, threads, out, &bad);
     i8a_cache_free_work(&c);
-    free(k), free(v), free(q), free(c.k_codes), free(c.v_codes), free(c.k_scale), free(c.v_scale);
-    free(c.k4), free(c.k4_min), free(c.k4_step), free(c.k4_min_scale), free(c.k4_step_scale);
-    free(c.v4), free(c.v4_min);
-    free(centering), free(ring), free(ring_scale);
+    free(k), free(v), free(q);
+    for (size_t i = 0; i < I8A_BUFFERS; i++)
+        free(mem[i]);
     return rc;
 }
 

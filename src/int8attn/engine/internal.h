@@ -1,7 +1,9 @@
 /* The engine's own declarations, shared by its files (the public API is ../_engine.h).
  *
- *   store.c   the buffers: where each position's codes, scales and floats lie, reading and
- *             writing them, dequantize, evict, the rotation signs, aligned allocation
+ *   store.c   the buffers: which a format has (i8a_store_layout), where each position's codes,
+ *             scales and floats lie, reading and writing them, dequantize, evict, the rotation
+ *             signs, aligned allocation
+ *   state.c   the rows in and out as the file holds them (i8a_export, i8a_import)
  *   append.c  append and truncate: which rows a position is coded from, quantizing them, K's
  *             groups at 4 bits
  *   center.c  the offsets of a centered cache
@@ -13,7 +15,8 @@
  *             order, the output
  *   probe.c   the benchmarks' bandwidth probe
  *
- * Calls go down: decode -> plan, span, merge -> store; append -> center -> store; probe -> span.
+ * Calls go down: decode -> plan, span, merge -> store; append -> center -> store; probe -> span;
+ * state -> store.
  * Each file's definitions carry their comments here when another file calls them. */
 #ifndef I8A_ENGINE_INTERNAL_H
 #define I8A_ENGINE_INTERNAL_H
@@ -147,8 +150,12 @@ static inline size_t n_chunks(const i8a_cache *c)
     return (c->length + I8A_CHUNK - 1) / I8A_CHUNK;
 }
 
-/* The V codes [d] of kv head g at position pos, into its tile / out of it. */
+/* The V codes [d] of kv head g at position pos, into its tile / out of it; at 4 bits the same
+ * (codes 0 .. 15, one a byte, into and out of the tile's nibbles). */
 void i8a_v_put(const i8a_cache *c, size_t g, size_t pos, const int8_t *codes);
+void i8a_v_get(const i8a_cache *c, size_t g, size_t pos, int8_t *codes);
+void i8a_v4_put(const i8a_cache *c, size_t g, size_t pos, const uint8_t *codes);
+void i8a_v4_get(const i8a_cache *c, size_t g, size_t pos, uint8_t *codes);
 
 /* A row y [d] (finite, in the stored space) at 4 bits, position pos of kv head g: lo = min y,
  * hi = max y; below I8A_ABSMAX_MIN apart, step 0 and codes 0; else step = (hi - lo) / 15, inv =

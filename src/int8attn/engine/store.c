@@ -1,13 +1,120 @@
-/* The cache's buffers (layout in ../_engine.h): V codes into and out of their tiles, 4-bit V
- * rows and K values, dequantize, evict (the rows move down), the rotation signs, and the
- * aligned allocation every buffer comes from. */
+/* The cache's buffers: which a format has and their sizes (i8a_store_layout), binding them to a
+ * cache, V codes into and out of their tiles, 4-bit V rows and K values, dequantize, evict (the
+ * rows move down), the rotation signs, and the aligned allocation every buffer comes from. */
 #if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 200112L      /* posix_memalign */
 #endif
 #include "internal.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* a * b, or SIZE_MAX with *over set when it does not fit */
+static size_t mul(size_t a, size_t b, int *over)
+{
+    if (b && a > SIZE_MAX / b) {
+        *over = 1;
+        return SIZE_MAX;
+    }
+    return a * b;
+}
+
+/* buf = a buffer of ndim dimensions (shape s) of `type`, or none (bytes 0) when !present. */
+static void describe(i8a_buffer *buf, const char *name, int present, char type, int zeroed,
+                     size_t ndim, const size_t *s, int *over)
+{
+    static const struct { char type; size_t item; } items[] = {
+        {'b', 1}, {'B', 1}, {'H', 2}, {'f', 4},
+    };
+    memset(buf, 0, sizeof *buf);
+    buf->name = name;
+    buf->type = type;
+    for (size_t i = 0; i < sizeof items / sizeof items[0]; i++)
+        if (items[i].type == type)
+            buf->item = items[i].item;
+    buf->ndim = ndim;
+    buf->zeroed = zeroed;
+    size_t bytes = buf->item;
+    for (size_t i = 0; i < ndim; i++) {
+        buf->shape[i] = s[i];
+        bytes = mul(bytes, s[i], over);
+    }
+    buf->bytes = present ? bytes : 0;
+}
+
+int i8a_store_layout(const i8a_format *f, i8a_buffer buf[I8A_BUFFERS], size_t *total)
+{
+    const size_t hkv = f->n_kv_heads, cap = f->max_seq, d = f->head_dim;
+    const size_t groups = i8a_k4_groups(cap), tiles = i8a_v_tiles(0, cap);
+    const size_t ring = 2 * f->recent < cap ? 2 * f->recent : cap;
+    const int k8 = f->k_bits == 8, v8 = f->v_bits == 8, r = f->recent > 0;
+    int over = 0;
+    /* K at 8 bits: codes by row; at 4 bits: nibble rows, and per group of 32 positions the
+     * channels' minima and steps (halves) and their powers of two (zeros: never coded) */
+    describe(buf + I8A_BUF_K_CODES, "k_codes", k8, 'b', 0, 3, (size_t[]){hkv, cap, d}, &over);
+    describe(buf + I8A_BUF_K_SCALE, "k_scale", k8, 'f', 0, 2, (size_t[]){hkv, cap}, &over);
+    describe(buf + I8A_BUF_K4, "k4", !k8, 'B', 1, 3, (size_t[]){hkv, cap, d / 2}, &over);
+    describe(buf + I8A_BUF_K4_MIN, "k4_min", !k8, 'H', 1, 3, (size_t[]){hkv, groups, d}, &over);
+    describe(buf + I8A_BUF_K4_STEP, "k4_step", !k8, 'H', 1, 3, (size_t[]){hkv, groups, d}, &over);
+    describe(buf + I8A_BUF_K4_MIN_SCALE, "k4_min_scale", !k8, 'f', 1, 2, (size_t[]){hkv, groups},
+             &over);
+    describe(buf + I8A_BUF_K4_STEP_SCALE, "k4_step_scale", !k8, 'f', 1, 2,
+             (size_t[]){hkv, groups}, &over);
+    /* V in tiles of I8A_V_TILE positions (at 4 bits 2 d bytes a tile), a scale (or step) per
+     * row, at 4 bits a minimum per row */
+    describe(buf + I8A_BUF_V_CODES, "v_codes", v8, 'b', 0, 4, (size_t[]){hkv, tiles, d, I8A_V_TILE},
+             &over);
+    describe(buf + I8A_BUF_V_SCALE, "v_scale", 1, 'f', 0, 2, (size_t[]){hkv, cap}, &over);
+    describe(buf + I8A_BUF_V4, "v4", !v8, 'B', 1, 3, (size_t[]){hkv, tiles, 2 * d}, &over);
+    describe(buf + I8A_BUF_V4_MIN, "v4_min", !v8, 'f', 0, 2, (size_t[]){hkv, cap}, &over);
+    /* position 0 and the offsets as floats; the ring of the recent window as halves */
+    describe(buf + I8A_BUF_K_FIRST, "k_first", f->keep_first, 'f', 1, 2, (size_t[]){hkv, d}, &over);
+    describe(buf + I8A_BUF_V_FIRST, "v_first", f->keep_first, 'f', 1, 2, (size_t[]){hkv, d}, &over);
+    describe(buf + I8A_BUF_K_OFFSET, "k_offset", f->center, 'f', 1, 2, (size_t[]){hkv, d}, &over);
+    describe(buf + I8A_BUF_V_OFFSET, "v_offset", f->center, 'f', 1, 2, (size_t[]){hkv, d}, &over);
+    describe(buf + I8A_BUF_K_RECENT, "k_recent", r, 'H', 0, 3, (size_t[]){hkv, ring, d}, &over);
+    describe(buf + I8A_BUF_V_RECENT, "v_recent", r, 'H', 0, 3, (size_t[]){hkv, ring, d}, &over);
+    describe(buf + I8A_BUF_K_RSCALE, "k_rscale", r, 'f', 0, 2, (size_t[]){hkv, ring}, &over);
+    describe(buf + I8A_BUF_V_RSCALE, "v_rscale", r, 'f', 0, 2, (size_t[]){hkv, ring}, &over);
+    size_t sum = 0;
+    for (size_t i = 0; i < I8A_BUFFERS; i++) {
+        over |= buf[i].bytes > SIZE_MAX - sum;
+        sum = over ? SIZE_MAX : sum + buf[i].bytes;
+    }
+    *total = sum;
+    return over ? -1 : 0;
+}
+
+void i8a_store_bind(i8a_cache *c, const i8a_format *f, void *const mem[I8A_BUFFERS],
+                    const float *sign)
+{
+    memset(c, 0, sizeof *c);
+    c->n_kv_heads = f->n_kv_heads, c->max_seq = f->max_seq, c->head_dim = f->head_dim;
+    c->k_bits = f->k_bits, c->v_bits = f->v_bits;
+    c->recent = f->recent;
+    c->ring = 2 * f->recent < f->max_seq ? 2 * f->recent : f->max_seq;
+    c->v_sign = sign;
+    c->k_sign = f->k_bits == 8 ? sign : NULL;
+    c->k_codes = mem[I8A_BUF_K_CODES], c->k_scale = mem[I8A_BUF_K_SCALE];
+    c->k4 = mem[I8A_BUF_K4], c->k4_min = mem[I8A_BUF_K4_MIN], c->k4_step = mem[I8A_BUF_K4_STEP];
+    c->k4_min_scale = mem[I8A_BUF_K4_MIN_SCALE], c->k4_step_scale = mem[I8A_BUF_K4_STEP_SCALE];
+    c->v_codes = mem[I8A_BUF_V_CODES], c->v_scale = mem[I8A_BUF_V_SCALE];
+    c->v4 = mem[I8A_BUF_V4], c->v4_min = mem[I8A_BUF_V4_MIN];
+    c->k_first = mem[I8A_BUF_K_FIRST], c->v_first = mem[I8A_BUF_V_FIRST];
+    c->k_offset = mem[I8A_BUF_K_OFFSET], c->v_offset = mem[I8A_BUF_V_OFFSET];
+    c->k_recent = mem[I8A_BUF_K_RECENT], c->v_recent = mem[I8A_BUF_V_RECENT];
+    c->k_rscale = mem[I8A_BUF_K_RSCALE], c->v_rscale = mem[I8A_BUF_V_RSCALE];
+}
+
+void i8a_tile_rows(const int8_t *rows, size_t n, size_t d, size_t lead, int8_t *tiles)
+{
+    for (size_t p = 0; p < n; p++) {
+        int8_t *t = tiles + (lead + p) / I8A_V_TILE * I8A_V_TILE * d + (lead + p) % I8A_V_TILE;
+        for (size_t i = 0; i < d; i++)
+            t[i * I8A_V_TILE] = rows[p * d + i];
+    }
+}
 
 void i8a_v_put(const i8a_cache *c, size_t g, size_t pos, const int8_t *codes)
 {
@@ -16,7 +123,7 @@ void i8a_v_put(const i8a_cache *c, size_t g, size_t pos, const int8_t *codes)
         t[i * I8A_V_TILE] = codes[i];
 }
 
-static void v_get(const i8a_cache *c, size_t g, size_t pos, int8_t *codes)
+void i8a_v_get(const i8a_cache *c, size_t g, size_t pos, int8_t *codes)
 {
     const int8_t *t = v_tile(c, g, pos) + pos % I8A_V_TILE;
     for (size_t i = 0; i < c->head_dim; i++)
@@ -28,15 +135,14 @@ size_t i8a_k4_groups(size_t cap)
     return (cap + I8A_K4_GROUP - 1) / I8A_K4_GROUP;
 }
 
-/* The V codes at 4 bits [d] of kv head g at position pos, into its tile / out of it. */
-static void v4_put(const i8a_cache *c, size_t g, size_t pos, const uint8_t *codes)
+void i8a_v4_put(const i8a_cache *c, size_t g, size_t pos, const uint8_t *codes)
 {
     uint8_t *t = v4_tile(c, g, pos);
     for (size_t i = 0; i < c->head_dim; i++)
         nib_set(t + i / I8A_NIB_BLOCK * 64 + i % 16 * I8A_V_TILE + pos % I8A_V_TILE, i, codes[i]);
 }
 
-static void v4_get(const i8a_cache *c, size_t g, size_t pos, uint8_t *codes)
+void i8a_v4_get(const i8a_cache *c, size_t g, size_t pos, uint8_t *codes)
 {
     const uint8_t *t = v4_tile(c, g, pos);
     for (size_t i = 0; i < c->head_dim; i++)
@@ -62,7 +168,7 @@ void i8a_v4_store(const i8a_cache *c, size_t g, size_t pos, const float *y)
     }
     c->v4_min[row] = lo;
     c->v_scale[row] = some ? range / 15.0f : 0.0f;
-    v4_put(c, g, pos, codes);
+    i8a_v4_put(c, g, pos, codes);
 }
 
 void i8a_k4_value(const i8a_cache *c, size_t g, size_t pos, float *y)
@@ -121,12 +227,12 @@ static void dequantize_row(const i8a_kernels *kt, const i8a_cache *c, size_t g, 
         i8a_k4_value(c, g, pos, yk);
     if (c->v_bits == 8) {
         int8_t vc[I8A_MAX_HEAD_DIM];
-        v_get(c, g, pos, vc);
+        i8a_v_get(c, g, pos, vc);
         for (size_t i = 0; i < d; i++)
             yv[i] = (float)vc[i] * c->v_scale[row];
     } else {
         uint8_t vc[I8A_MAX_HEAD_DIM];
-        v4_get(c, g, pos, vc);
+        i8a_v4_get(c, g, pos, vc);
         for (size_t i = 0; i < d; i++)
             yv[i] = c->v4_min[row] + c->v_scale[row] * (float)vc[i];
     }
@@ -217,12 +323,12 @@ void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n)
             for (size_t p = 0; p < keep; p++) {
                 if (c->v_bits == 8) {
                     int8_t vc[I8A_MAX_HEAD_DIM];
-                    v_get(c, g, p + n, vc);
+                    i8a_v_get(c, g, p + n, vc);
                     i8a_v_put(c, g, p, vc);
                 } else {
                     uint8_t vc[I8A_MAX_HEAD_DIM];
-                    v4_get(c, g, p + n, vc);
-                    v4_put(c, g, p, vc);
+                    i8a_v4_get(c, g, p + n, vc);
+                    i8a_v4_put(c, g, p, vc);
                 }
             }
         }
