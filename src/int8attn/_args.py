@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _format as F
+from . import _rules as R
 
 INT_MAX = (1 << 63) - 1                  # what any count of the cache fits in
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -134,6 +135,15 @@ SIGNATURE = inspect.signature(_constructor)
 GENERAL_SIGNATURE = inspect.signature(_general_constructor)
 
 
+def _as_center(value, name):
+    return None if value is None else as_bool(value, name)     # None: the default
+
+
+# the conversions of the format's options (the rules check the values: _rules.resolve)
+_CONVERT = {"k_bits": as_int, "v_bits": as_int, "rotate": as_bool, "keep_first": as_bool,
+            "center": _as_center, "recent": as_int, "rotation_seed": as_int}
+
+
 class Options(NamedTuple):
     """A cache's constructor arguments, checked."""
     n_kv_heads: int
@@ -161,39 +171,8 @@ def constructor(args, kwargs, general):
     hkv = int_from(a["n_kv_heads"], "n_kv_heads", 1)
     cap = int_from(a["max_seq"], "max_seq", 1)
     d = int_from(a["head_dim"], "head_dim", 1)
-    if d % 16 != 0 or d > F.MAX_HEAD_DIM:
-        raise ValueError(f"head_dim must be a multiple of 16 and at most {F.MAX_HEAD_DIM}, got {d}")
-    bits = {}
-    for side in ("k_bits", "v_bits"):
-        bits[side] = as_int(a.get(side, 8), side)
-        if bits[side] not in F.BITS:
-            raise ValueError(f"{side} must be one of {', '.join(map(str, F.BITS))}, got "
-                             f"{bits[side]}")
-    four = 4 in bits.values()
-    if four and d % F.NIB_BLOCK:
-        raise ValueError(f"head_dim must be a multiple of {F.NIB_BLOCK} with a side at 4 bits "
-                         f"(its codes pack in blocks of {F.NIB_BLOCK}), got {d}")
-    rotate = as_bool(a["rotate"], "rotate")
-    keep_first = as_bool(a["keep_first"], "keep_first")
-    center = (keep_first and not four) if a["center"] is None else as_bool(a["center"], "center")
-    recent = as_int(a["recent"], "recent")
-    if not 0 <= recent <= F.RECENT_MAX:
-        raise ValueError(f"recent must be from 0 to {F.RECENT_MAX}, got {recent}")
-    if bits["k_bits"] == 4 and recent < F.K4_GROUP:
-        raise ValueError(f"recent must be at least {F.K4_GROUP} with k_bits=4 (K's groups of "
-                         f"{F.K4_GROUP} positions are read from the window until complete), "
-                         f"got {recent}")
-    seed = as_int(a["rotation_seed"], "rotation_seed")
-    if not 0 <= seed < 1 << 64:
-        raise ValueError(f"rotation_seed must be from 0 to 2**64 - 1, got {seed}")
-    if center and not keep_first:
-        raise ValueError("center=True needs keep_first=True: the offsets come from the rows "
-                         "past position 0, so position 0 is kept as floats")
-    if center and four:
-        raise ValueError("center=True needs k_bits=8 and v_bits=8: a side at 4 bits keeps its "
-                         "own minima instead of offsets")
-    return Options(hkv, cap, d, bits["k_bits"], bits["v_bits"], rotate, seed, keep_first, center,
-                   recent)
+    f = R.resolve(lambda name: _CONVERT[name](a.get(name, 8), name), d)   # (Int8KVCache: 8 bits)
+    return Options(hkv, cap, d, *f)
 
 
 # -- append and decode --------------------------------------------------------------------

@@ -19,6 +19,7 @@ import numpy as np
 
 from . import _args
 from . import _format as F
+from . import _rules
 from . import _state
 from . import _tiers
 
@@ -498,9 +499,7 @@ A quantized KV cache for decode attention: K and V at 8 or 4 bits each.
             n = _args.as_int(n, "n")
             if not 0 <= n <= self._c.length:
                 raise ValueError(f"n must be from 0 to len(cache)={self._c.length}, got {n}")
-            if self.k_bits == 4 and n % F.K4_GROUP:
-                raise ValueError(f"n must be a multiple of {F.K4_GROUP} with k_bits=4 (K's "
-                                 f"groups of {F.K4_GROUP} positions stay whole), got {n}")
+            _rules.check_evict(n, self.k_bits)
             i8a_evict(i8a_load_tier(&_kt), &self._c, n)
         finally:
             self._leave()

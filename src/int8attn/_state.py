@@ -7,6 +7,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _format as F
+from . import _rules as R
 from ._args import INT_MAX, int_from
 
 _INTS = ("n_kv_heads", "max_seq", "head_dim", "length")
@@ -49,7 +50,7 @@ def state_of(n_kv_heads, max_seq, head_dim, k_bits, v_bits, rotate, rotation_see
         "n_kv_heads": n_kv_heads, "max_seq": max_seq, "head_dim": head_dim, "length": length,
         "k_bits": k_bits, "v_bits": v_bits,
         "rotate": rotate, "rotation_seed": rotation_seed,
-        "rotation_block": head_dim & -head_dim if rotate else 0,
+        "rotation_block": R.rotation_block(head_dim) if rotate else 0,
         **{key: rows[key] for k in ("k", "v") for key in _SIDE[k, (k_bits, v_bits)[k == "v"]]},
         "keep_first": keep_first, "center": center,
         **{key: rows[key] for key in _FLOAT_ROWS},
@@ -94,9 +95,7 @@ def check(state, max_seq):
     for key in ("n_kv_heads", "max_seq", "head_dim"):
         if not 1 <= ints[key] <= INT_MAX:
             raise ValueError(f"state {key} must be from 1 to 2**63 - 1, got {ints[key]}")
-    if d % 16 != 0 or d > F.MAX_HEAD_DIM:
-        raise ValueError(f"state head_dim must be a multiple of 16 and at most "
-                         f"{F.MAX_HEAD_DIM}, got {d}")
+    R.check_head_dim(d, R.STATE)
     cap = ints["max_seq"] if max_seq is None else int_from(max_seq, "max_seq", 1)
     if not 0 <= n <= cap:
         what = "the state's max_seq" if max_seq is None else "max_seq"
@@ -104,12 +103,8 @@ def check(state, max_seq):
     bits = {side: (_scalar(state, f"{side}_bits", "int") if version >= 4 else 8)
             for side in ("k", "v")}
     for side, b in bits.items():
-        if b not in F.BITS:
-            raise ValueError(f"state {side}_bits must be one of {', '.join(map(str, F.BITS))}, "
-                             f"got {b}")
-    if 4 in bits.values() and d % F.NIB_BLOCK:
-        raise ValueError(f"state head_dim must be a multiple of {F.NIB_BLOCK} with a side at 4 "
-                         f"bits, got {d}")
+        R.check_bits(b, f"{side}_bits", R.STATE)
+    R.check_head_dim_at_4_bits(d, bits["k"], bits["v"], R.STATE)
     lacking = [k for side in ("k", "v") for k in _SIDE[side, bits[side]] if k not in state]
     if lacking:
         raise ValueError(f"state lacks {', '.join(lacking)}: not an int8attn cache")
@@ -148,16 +143,13 @@ def check(state, max_seq):
     rotate = _scalar(state, "rotate", "bool", False)
     seed = _scalar(state, "rotation_seed", "int", 0)
     block = _scalar(state, "rotation_block", "int", 0)
-    if rotate and (block != d & -d or not 0 <= seed < 1 << 64):
+    if rotate and (block != R.rotation_block(d) or not R.seed_in_range(seed)):
         raise ValueError(f"state rotation does not match this int8attn: block {block} and seed "
-                         f"{seed} for head_dim {d} (expected block {d & -d})")
+                         f"{seed} for head_dim {d} (expected block {R.rotation_block(d)})")
     # the kept first position and the offsets (version 2; version 1 files have neither)
     keep_first = version >= 2 and _scalar(state, "keep_first", "bool", False)
     center = version >= 2 and _scalar(state, "center", "bool", False)
-    if center and not keep_first:
-        raise ValueError("state has center without keep_first, which int8attn never writes")
-    if center and 4 in bits.values():
-        raise ValueError("state has center with a side at 4 bits, which int8attn never writes")
+    R.check_center(keep_first, center, bits["k"], bits["v"], R.STATE)
     need = (_FLOAT_ROWS[:2] if keep_first else ()) + (_FLOAT_ROWS[2:] if center else ())
     lacking = [k for k in need if k not in state]
     if lacking:
@@ -174,11 +166,7 @@ def check(state, max_seq):
     # the recent window (version 3; before it, none) and whether the offsets are set (version 2
     # caches set them with their second token)
     recent = _scalar(state, "recent", "int", 0) if version >= 3 else 0
-    if not 0 <= recent <= F.RECENT_MAX:
-        raise ValueError(f"state recent must be from 0 to {F.RECENT_MAX}, got {recent}")
-    if bits["k"] == 4 and recent < F.K4_GROUP:
-        raise ValueError(f"state recent must be at least {F.K4_GROUP} with k_bits=4, got "
-                         f"{recent}")
+    R.check_recent(recent, bits["k"], R.STATE)
     offsets_set = _scalar(state, "offsets_set", "bool") if version >= 3 else center and n >= 2
     if offsets_set and not center:
         raise ValueError("state has offsets_set without center, which int8attn never writes")
@@ -195,10 +183,10 @@ def check(state, max_seq):
             raise ValueError(f"state {key} must be float32 [n, {hkv}, {d}], got {a.dtype} "
                              f"{list(a.shape)}")
         held = a.shape[0]
-        if held > min(n, 2 * recent, cap):
+        most = min(n, R.ring_slots(recent, cap))
+        if held > most:
             raise ValueError(f"state {key} holds {held} positions; a cache of length {n} with "
-                             f"recent={recent} and max_seq={cap} holds at most "
-                             f"{min(n, 2 * recent, cap)}")
+                             f"recent={recent} and max_seq={cap} holds at most {most}")
         if not np.all(np.abs(a) <= F.VALUE_MAX):
             raise ValueError(f"state {key} holds NaN, Inf or values beyond +-{F.VALUE_MAX:.3g}")
         arrays[key] = a

@@ -48,7 +48,7 @@ except ImportError as e:                                  # pragma: no cover - d
                       "pip install 'int8attn[hf]'") from e
 
 from . import FORMATS, Int8KVCache, KVCache, decode_batch
-from . import _format as F
+from . import _rules as R
 
 if int(transformers.__version__.split(".")[0]) < 5:        # pragma: no cover
     raise ImportError(f"int8attn.hf needs transformers>=5 (the cache= API), found "
@@ -111,7 +111,7 @@ def _pick(caches: list[KVCache], index: list[int]) -> list[KVCache]:
 def _format_options(kv_format: str, k_bits: int, v_bits: int) -> dict:
     """The KVCache options of a named format at these widths (no offsets with a 4-bit side)."""
     opts = dict(FORMATS[kv_format])
-    if (k_bits, v_bits) != (8, 8):
+    if R.has_four_bit_side(k_bits, v_bits):
         opts["center"] = False
     return opts
 
@@ -145,7 +145,7 @@ class Int8Layer(CacheLayerMixin):
         self.is_sliding = sliding_window is not None
         self.kv_format = kv_format
         self.k_bits, self.v_bits = k_bits, v_bits
-        self.evict_step = F.K4_GROUP if k_bits == 4 else 1    # evict takes whole K groups
+        self.evict_step = R.evict_step(k_bits)    # evict takes whole K groups at 4 bits
         self.slack, self.rollback = SLACK, ROLLBACK
         self.caches: list[KVCache] = []
         self.seen = 0                  # positions of the sequence this layer has attended
@@ -334,14 +334,9 @@ class Int8Cache(Cache):
             raise ValueError(f"max_cache_len must be a positive int, got {max_cache_len!r}")
         if kv_format not in FORMATS:
             raise ValueError(f"kv_format must be one of {sorted(FORMATS)}, got {kv_format!r}")
-        for name, bits in (("k_bits", k_bits), ("v_bits", v_bits)):
-            if isinstance(bits, bool) or bits not in F.BITS:
-                raise ValueError(f"{name} must be one of {', '.join(map(str, F.BITS))}, got "
-                                 f"{bits!r}")
-        recent = FORMATS[kv_format]["recent"]
-        if k_bits == 4 and recent < F.K4_GROUP:
-            raise ValueError(f"k_bits=4 needs a format with a recent window of at least "
-                             f"{F.K4_GROUP} tokens; kv_format={kv_format!r} has recent={recent}")
+        options = {"rotation_seed": 0, **_format_options(kv_format, k_bits, v_bits),
+                   "k_bits": k_bits, "v_bits": v_bits}
+        R.resolve(options.__getitem__, src=R.named_format(kv_format))   # (head_dim: the model's)
         text = config.get_text_config(decoder=True)
         impl = getattr(text, "_attn_implementation", None)
         if impl != NAME:

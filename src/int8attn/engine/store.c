@@ -43,11 +43,18 @@ static void describe(i8a_buffer *buf, const char *name, int present, char type, 
     buf->bytes = present ? bytes : 0;
 }
 
+/* The ring's slots: the last R positions and R more (what truncate can take back), never more
+ * than the cache holds. */
+static size_t ring_of(const i8a_format *f)
+{
+    return 2 * f->recent < f->max_seq ? 2 * f->recent : f->max_seq;
+}
+
 int i8a_store_layout(const i8a_format *f, i8a_buffer buf[I8A_BUFFERS], size_t *total)
 {
     const size_t hkv = f->n_kv_heads, cap = f->max_seq, d = f->head_dim;
     const size_t groups = i8a_k4_groups(cap), tiles = i8a_v_tiles(0, cap);
-    const size_t ring = 2 * f->recent < cap ? 2 * f->recent : cap;
+    const size_t ring = ring_of(f);
     const int k8 = f->k_bits == 8, v8 = f->v_bits == 8, r = f->recent > 0;
     int over = 0;
     /* K at 8 bits: codes by row; at 4 bits: nibble rows, and per group of 32 positions the
@@ -93,7 +100,7 @@ void i8a_store_bind(i8a_cache *c, const i8a_format *f, void *const mem[I8A_BUFFE
     c->n_kv_heads = f->n_kv_heads, c->max_seq = f->max_seq, c->head_dim = f->head_dim;
     c->k_bits = f->k_bits, c->v_bits = f->v_bits;
     c->recent = f->recent;
-    c->ring = 2 * f->recent < f->max_seq ? 2 * f->recent : f->max_seq;
+    c->ring = ring_of(f);
     c->v_sign = sign;
     c->k_sign = f->k_bits == 8 ? sign : NULL;
     c->k_codes = mem[I8A_BUF_K_CODES], c->k_scale = mem[I8A_BUF_K_SCALE];
