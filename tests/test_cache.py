@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import int8attn as ia
-from int8attn import _cache
 from conftest import CONTRACT, filled_cache, make_kv, rel_err
 from int8attn import _args
 from int8attn import reference as R
@@ -51,12 +50,12 @@ def test_properties_and_nbytes():
 @pytest.mark.parametrize("bits", [(8, 8), (4, 4), (8, 4), (4, 8)])
 @pytest.mark.parametrize("opts", [{}, {"keep_first": False, "recent": 32}])
 def test_the_store_layout_is_what_the_cache_allocates(bits, opts):
-    """One statement of the buffers (_cache._layout, the engine's i8a_store_layout): the cache
-    holds exactly those (nbytes sums them) and its views have their shapes."""
+    """One statement of the buffers (the engine's i8a_store_layout): the cache holds exactly
+    the buffers its format needs, of their shapes and types (nbytes sums them), and its views
+    have their shapes."""
     hkv, cap, d = 3, 101, 64
     cache = ia.KVCache(hkv, cap, d, k_bits=bits[0], v_bits=bits[1], **opts)
-    layout = _cache._layout(hkv, cap, d, k_bits=bits[0], v_bits=bits[1],
-                            keep_first=cache.keep_first, center=cache.center, recent=cache.recent)
+    layout = cache._buffers()
     assert cache.nbytes == sum(size for _, _, size in layout.values())
     ring = min(2 * cache.recent, cap)
     groups, tiles = -(-cap // 32), -(-cap // 4)

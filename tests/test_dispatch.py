@@ -32,9 +32,9 @@ def test_tier_names():
     assert ia.isa() in supported
     machine = platform.machine().lower()
     if machine in ("x86_64", "amd64"):
-        assert set(_cache._compiled_isas()) == {"avx512_vnni", "avx2", "scalar"}
+        assert set(_cache._COMPILED) == {"avx512_vnni", "avx2", "scalar"}
     elif machine in ("aarch64", "arm64"):
-        assert set(_cache._compiled_isas()) == {"neon_dotprod", "neon", "scalar"}
+        assert set(_cache._COMPILED) == {"neon_dotprod", "neon", "scalar"}
         assert "neon" in supported                # every aarch64 core has Advanced SIMD
 
 
@@ -69,7 +69,7 @@ def test_unsupported_tier_is_a_clear_error_not_a_crash():
         last = r.stderr.strip().splitlines()[-1]
         assert last.startswith("ValueError: INT8ATTN_ISA=")
         assert "supported on this CPU: " + ", ".join(ia.supported_isas()) in last
-        if name in ALL_TIERS and name not in _cache._compiled_isas():   # another architecture's
+        if name in ALL_TIERS and name not in _cache._COMPILED:   # another architecture's
             assert f"is a tier of {_tiers.TIER_ARCH[name]} CPUs, not compiled into this" in last
 
 

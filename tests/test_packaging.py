@@ -18,7 +18,7 @@ PACKAGE = os.path.dirname(ia.__file__)
 
 def test_installed_package_is_typed():
     assert os.path.exists(os.path.join(PACKAGE, "py.typed"))
-    assert os.path.exists(os.path.join(PACKAGE, "_cache.pyi"))
+    assert os.path.exists(os.path.join(PACKAGE, "_kvcache.pyi"))
 
 
 @pytest.mark.parametrize("name", ["KVCache", "Int8KVCache"])
@@ -26,7 +26,7 @@ def test_stub_declares_the_public_api(name):
     """Every public name of KVCache and Int8KVCache is in the stub (Int8KVCache's through its
     base), and __init__'s keywords and defaults match the runtime ones."""
     import ast
-    tree = ast.parse(open(os.path.join(PACKAGE, "_cache.pyi")).read())
+    tree = ast.parse(open(os.path.join(PACKAGE, "_kvcache.pyi")).read())
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     names = set()
     for cls in (classes[name], classes["KVCache"]):

@@ -12,8 +12,7 @@ accumulation over the int8 V stream, with SIMD kernels chosen for this CPU at im
 """
 
 try:
-    from ._cache import (Int8KVCache, KVCache, decode_batch, get_num_threads, isa,
-                         set_num_threads, supported_isas)
+    from ._cache import get_num_threads, isa, set_num_threads, supported_isas
 except ModuleNotFoundError as e:         # the sources without the compiled front end
     if e.name != f"{__name__}._cache":
         raise
@@ -23,6 +22,7 @@ except ModuleNotFoundError as e:         # the sources without the compiled fron
         "pip install -e . to edit it in place), and run from outside src/.") from None
 from . import reference
 from ._format import FORMATS
+from ._kvcache import Int8KVCache, KVCache, decode_batch
 
 __version__ = "0.1.0"
 

@@ -68,7 +68,7 @@ def _cache_for(case):
                        **FORMATS["default" if case.rotate else "plain"])
 
 
-# The buffers a decode streams (the store's names, _cache._layout): the codes and scales, K's
+# The buffers a decode streams (the store's names, KVCache._buffers): the codes and scales, K's
 # groups at 4 bits and V's minima; not the float rows of position 0, the offsets or the ring.
 _STREAMED = ("k_codes", "k_scale", "k4", "k4_min", "k4_step", "k4_min_scale", "k4_step_scale",
              "v_codes", "v_scale", "v4", "v4_min")
@@ -76,10 +76,9 @@ _STREAMED = ("k_codes", "k_scale", "k4", "k4_min", "k4_step", "k4_min_scale", "k
 
 def cache_bytes(case):
     """Bytes a decode of the case's cache reads: the streamed buffers of a cache holding just
-    the case's tokens, from the store's layout."""
-    layout = _cache._layout(case.hkv, case.tokens, case.d, k_bits=case.k_bits,
-                            v_bits=case.v_bits)
-    return sum(size for name, (_, _, size) in layout.items() if name in _STREAMED)
+    the case's tokens, as the store lays them out."""
+    buffers = _cache_for(case)._buffers()
+    return sum(size for name, (_, _, size) in buffers.items() if name in _STREAMED)
 
 
 def llc_bytes():

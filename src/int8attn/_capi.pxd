@@ -1,7 +1,8 @@
 # cython: language_level=3
 """The C declarations the compiled front end (_cache.pyx) uses: the tier table (_simd/dispatch.h),
 the engine's public API (_engine.h), the atomics (_guard.h) and the pool's limits (_pool.h).
-Only what the front end reads is declared; the headers are the reference."""
+Only what the front end reads is declared; the headers are the reference. At the end, the
+inline helpers that fill these structs from numpy arrays."""
 
 from libc.stdint cimport int8_t, uint8_t, uint16_t, uint64_t
 
@@ -61,7 +62,7 @@ cdef extern from "_engine.h" nogil:
     float I8A_VALUE_MAX
     float I8A_QSCALE_MAX
     ctypedef struct i8a_cache:               # (the fields the front end reads)
-        size_t n_kv_heads, max_seq, head_dim, length
+        size_t n_kv_heads, max_seq, head_dim, length, ring
         int offsets_set
         float *v_scale
     ctypedef struct i8a_format:
@@ -136,6 +137,7 @@ cdef extern from "_engine.h" nogil:
 cdef extern from "_guard.h" nogil:
     int i8a_try_acquire(int *flag)
     void i8a_release(int *flag)
+    int i8a_is_taken(const int *flag)
     const i8a_kernels *i8a_load_tier(const i8a_kernels **slot)
     void i8a_store_tier(const i8a_kernels **slot, const i8a_kernels *tier)
     size_t i8a_load_size(const size_t *slot)
@@ -146,3 +148,45 @@ cdef extern from "_pool.h" nogil:
     enum:
         I8A_MAX_THREADS
     size_t i8a_cpus_available()
+
+
+# -- numpy arrays into the structs above ------------------------------------------------------
+
+cdef inline float *_data(object arr):
+    """The first float of a C-contiguous [n, m] float32 array (which its owner keeps alive)."""
+    cdef float[:, ::1] m = arr
+    return &m[0, 0]
+
+
+cdef inline void *_ptr(a):
+    """The data of a C-contiguous numpy array (its owner keeps it alive); NULL for None."""
+    return NULL if a is None else <void *><size_t>a.ctypes.data
+
+
+cdef inline _point(i8a_rows *r, dict a):
+    """r's arrays at the C-contiguous arrays of a, by name (NULL for a name a lacks)."""
+    get = a.get
+    r.k_i8, r.v_i8 = <int8_t *>_ptr(get("k_i8")), <int8_t *>_ptr(get("v_i8"))
+    r.k_codes, r.v_codes = <uint8_t *>_ptr(get("k_codes")), <uint8_t *>_ptr(get("v_codes"))
+    r.k_scale, r.v_scale = <float *>_ptr(get("k_scale")), <float *>_ptr(get("v_scale"))
+    r.v_min = <float *>_ptr(get("v_min"))
+    r.k_group_min = <float *>_ptr(get("k_group_min"))
+    r.k_group_step = <float *>_ptr(get("k_group_step"))
+    r.k_first, r.v_first = <float *>_ptr(get("k_first")), <float *>_ptr(get("v_first"))
+    r.k_offset, r.v_offset = <float *>_ptr(get("k_offset")), <float *>_ptr(get("v_offset"))
+    r.k_recent, r.v_recent = <float *>_ptr(get("k_recent")), <float *>_ptr(get("v_recent"))
+
+
+cdef inline i8a_format _format_of(size_t hkv, size_t cap, size_t d, int k_bits, int v_bits,
+                           bint keep_first, bint center, size_t recent):
+    cdef i8a_format f
+    f.n_kv_heads, f.max_seq, f.head_dim, f.k_bits, f.v_bits = hkv, cap, d, k_bits, v_bits
+    f.keep_first, f.center, f.recent = keep_first, center, recent
+    return f
+
+
+cdef inline i8a_options _no_options():
+    """The options of a plain decode: scale 1, q_bits 16, no window, sinks or soft cap."""
+    cdef i8a_options opt
+    opt.scale, opt.q_bits, opt.window, opt.sinks, opt.softcap = 1.0, 16, 0, 0, 0.0
+    return opt

@@ -27,6 +27,12 @@ static inline void i8a_release(int *flag)
     __atomic_store_n(flag, 0, __ATOMIC_RELEASE);
 }
 
+/* Whether the flag is taken (by anyone): the store's methods check that a caller took it. */
+static inline int i8a_is_taken(const int *flag)
+{
+    return __atomic_load_n(flag, __ATOMIC_RELAXED);
+}
+
 static inline const i8a_kernels *i8a_load_tier(const i8a_kernels *const *slot)
 {
     return __atomic_load_n(slot, __ATOMIC_ACQUIRE);

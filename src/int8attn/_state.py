@@ -35,10 +35,31 @@ class State(NamedTuple):
     arrays: dict
 
 
+def shapes_of(hkv, n, d, held=0):
+    """Each array of a state (of n positions, `held` of them in the recent window) as its
+    (dtype, shape): what the engine exports and load checks."""
+    groups = -(-n // F.K4_GROUP)
+    rows = {key: (np.float32, (hkv, d)) for key in _FLOAT_ROWS}
+    return {"k_i8": (np.int8, (hkv, n, d)), "v_i8": (np.int8, (hkv, n, d)),
+            "k_scale": (np.float32, (hkv, n)), "v_scale": (np.float32, (hkv, n)),
+            "k_codes": (np.uint8, (hkv, n, d)), "v_codes": (np.uint8, (hkv, n, d)),
+            "k_group_min": (np.float32, (hkv, groups, d)),
+            "k_group_step": (np.float32, (hkv, groups, d)), "v_min": (np.float32, (hkv, n)),
+            **rows, "k_recent": (np.float32, (held, hkv, d)),
+            "v_recent": (np.float32, (held, hkv, d))}
+
+
 def fields(k_bits, v_bits):
     """The arrays a state of this format holds beside its settings: each side's codes and scales
     (_SIDE), the float rows and the recent window's rows."""
     return (*_SIDE["k", k_bits], *_SIDE["v", v_bits], *_FLOAT_ROWS, "k_recent", "v_recent")
+
+
+def needs(k_bits, v_bits, keep_first, center):
+    """The arrays a cache of this format loads from (``fields`` but the float rows it lacks)."""
+    return (*_SIDE["k", k_bits], *_SIDE["v", v_bits],
+            *(_FLOAT_ROWS[:2] if keep_first else ()), *(_FLOAT_ROWS[2:] if center else ()),
+            "k_recent", "v_recent")
 
 
 def state_of(n_kv_heads, max_seq, head_dim, k_bits, v_bits, rotate, rotation_seed, keep_first,
@@ -108,12 +129,7 @@ def check(state, max_seq):
     lacking = [k for side in ("k", "v") for k in _SIDE[side, bits[side]] if k not in state]
     if lacking:
         raise ValueError(f"state lacks {', '.join(lacking)}: not an int8attn cache")
-    groups = -(-n // F.K4_GROUP)
-    shapes = {"k_i8": (np.int8, (hkv, n, d)), "v_i8": (np.int8, (hkv, n, d)),
-              "k_scale": (np.float32, (hkv, n)), "v_scale": (np.float32, (hkv, n)),
-              "k_codes": (np.uint8, (hkv, n, d)), "v_codes": (np.uint8, (hkv, n, d)),
-              "k_group_min": (np.float32, (hkv, groups, d)),
-              "k_group_step": (np.float32, (hkv, groups, d)), "v_min": (np.float32, (hkv, n))}
+    shapes = shapes_of(hkv, n, d)
     arrays = {}
     for key in (*_SIDE["k", bits["k"]], *_SIDE["v", bits["v"]]):
         dtype, shape = shapes[key]

@@ -1,0 +1,408 @@
+"""The caches: ``KVCache`` (and ``Int8KVCache``, its 8-bit form) and ``decode_batch``.
+
+Python over the compiled store (``_cache._Store``, which owns the buffers and makes every engine
+call with the GIL released): each method takes the cache's busy flag first, converts and checks
+its arguments (``_args``, ``_rules``, ``_state``) while it holds it, and hands the store what
+they return. Public names are re-exported by ``int8attn``."""
+
+from . import _args
+from . import _cache
+from . import _format
+from . import _rules
+from . import _state
+
+for _name, _c_value in _cache._C_LIMITS.items():         # the C limits are _format's
+    if getattr(_format, _name) != _c_value:
+        raise ImportError(f"int8attn is built wrong: _format.{_name} is {getattr(_format, _name)}, "
+                          f"the compiled engine's {_c_value}")
+
+
+class KVCache(_cache._Store):
+    """A quantized KV cache for decode attention: K and V at 8 or 4 bits each.
+
+    At 8 bits (the default, as ``Int8KVCache``) each token and kv head stores int8 codes with
+    one float32 absmax scale per row (``scale = max|x| / 127``, codes ``round(x / scale)`` in
+    [-127, 127]): half the bytes of an fp16 cache. At 4 bits K is stored per channel: each
+    group of 32 positions of a kv head keeps, per channel, a minimum and a step (fp16 times a
+    power of two per group) and every value a code 0 .. 15 (``min + step * code``); V is stored
+    per token: a float32 minimum and step per row, codes 0 .. 15. 4/4 takes about 0.58x the
+    bytes of 8/8 (with the recent window, at 8192 tokens of Hkv = 8, D = 128). All buffers are
+    allocated once, for ``max_seq`` tokens.
+
+    Parameters
+    ----------
+    n_kv_heads : int
+        Key/value heads (Hkv), >= 1.
+    max_seq : int
+        Capacity in tokens, >= 1.
+    head_dim : int
+        Head dimension D: a multiple of 16 (of 32 with a side at 4 bits), at most 1024.
+    k_bits, v_bits : {8, 4}
+        Bits per stored K and V value. K at 4 bits needs ``recent >= 32`` (a group is read from
+        the recent window until all its positions are appended) and is never rotated.
+    rotate : bool
+        True (the default): store the sides at 8 bits and V at 4 bits rotated by a fixed
+        random-sign Walsh-Hadamard transform (orthonormal, block-diagonal over the largest
+        power-of-two block dividing D), and rotate q and the output to match: attention is
+        unchanged, while outlier channels no longer set every row's scale. ``k_i8``/``v_i8``
+        then hold the rotated codes; ``dequantize`` returns the un-rotated values. False stores
+        plain per-row codes (with ``q_bits=8``, the seed's exact method).
+    rotation_seed : int
+        Seed of the rotation's signs (0 .. 2**64 - 1).
+    keep_first : bool
+        True (the default): position 0 (the attention sink most models develop, which takes a
+        large share of many heads' weight) is also kept as float32 (``k_first``/``v_first``),
+        and decode reads it from there instead of from its codes. Costs 2 * Hkv * D floats.
+    center : bool or None
+        True: store every K and V row past position 0 minus its kv head's offset (``k_offset``/
+        ``v_offset``, in the stored space); decode adds the offsets back (``q·offset`` joins
+        each logit, the V offset the output), so each row's int8 steps are finer where real K
+        shares a large offset across tokens. With a recent window the offsets are the mean of
+        positions 1 .. ``recent``, set once the cache holds ``recent + 1`` tokens however the
+        appends were split (the rows before are read from the window meanwhile). Without one,
+        the append that first reaches past position 0 sets them from its own rows when it holds
+        at least 16 of them, else to zeros (so they depend on how the appends were split). A
+        kv head whose mean would more than double most of its rows (one huge outlier) gets
+        zeros. Needs ``keep_first`` and both sides at 8 bits. None (the default): the value of
+        ``keep_first`` for an 8-bit cache, False with a side at 4 bits.
+    recent : int
+        R, 64 by default, 0 to 1024: the last R positions are also kept as IEEE halves with a
+        power-of-two scale per row (11 significant bits whatever the row's range:
+        ``reference.half_rows``), and decode reads them from there in float32; a token leaves
+        this window for its codes when R newer ones have been appended. Every row is quantized
+        as it is appended (positions 1 .. R from their halves; K at 4 bits a group at a time,
+        from its rows' halves), so the stored state does not depend on how appends were split.
+        The cache holds the last ``2 * R`` positions (capped at ``max_seq``), so ``truncate``
+        can take back up to R tokens exactly. Costs ``2 * min(2R, max_seq) * Hkv * (2 * D + 4)``
+        bytes. 0: no window.
+
+    Notes
+    -----
+    One cache is not meant to be used from two threads at once; a call that finds another in
+    progress raises RuntimeError. The kernels run with the GIL released, so different caches
+    decode in parallel from different Python threads.
+    """
+
+    __signature__ = _args.GENERAL_SIGNATURE
+    __slots__ = ()
+
+    @property
+    def nbytes(self):
+        """Bytes of the cache's buffers: K and V codes and their scales for max_seq tokens (V's
+        codes for max_seq rounded up to a multiple of 4; at 4 bits half a byte a code, K's
+        groups two halves per channel and two float32 scales, V two float32 per row); the float
+        rows of position 0 with keep_first, the offsets with center, and the ring of the recent
+        window: K and V rows of min(2 * recent, max_seq) positions as halves, a float32 scale
+        per row."""
+        return sum(size for _, _, size in self._buffers().values())
+
+    def __repr__(self):
+        bits = (f"k_bits={self.k_bits}, v_bits={self.v_bits}, "
+                if not isinstance(self, Int8KVCache) else "")
+        return (f"{type(self).__name__}(n_kv_heads={self.n_kv_heads}, "
+                f"max_seq={self.max_seq}, head_dim={self.head_dim}, {bits}"
+                f"rotate={self.rotate}, keep_first={self.keep_first}, center={self.center}, "
+                f"recent={self.recent}) holding {len(self)} tokens")
+
+    def _eight(self, name, bits):
+        """The int8 views exist only for a side at 8 bits."""
+        if bits != 8:
+            raise AttributeError(f"{name}: this cache stores {name[0].upper()} at {bits} bits, "
+                                 f"without int8 codes (state_dict() holds its codes)")
+
+    # -- the stored history ---------------------------------------------------------------
+
+    @property
+    def k_i8(self):
+        """Read-only view of the stored K codes, [Hkv, len, D] int8 (no copy); K at 8 bits."""
+        self._eight("k_i8", self.k_bits)
+        return self._view("k_codes")
+
+    @property
+    def v_i8(self):
+        """The stored V codes, [Hkv, len, D] int8: a read-only copy (the cache keeps V in
+        tiles of 4 positions, so that its integer dots sum 4 positions per lane; this gathers
+        them back into rows); V at 8 bits."""
+        self._eight("v_i8", self.v_bits)
+        self._enter()
+        try:
+            return _cache._readonly(self._export(("v_i8",))["v_i8"])
+        finally:
+            self._leave()
+
+    @property
+    def k_scale(self):
+        """Read-only view of the K scales, [Hkv, len] float32 (no copy); K at 8 bits."""
+        self._eight("k_scale", self.k_bits)
+        return self._view("k_scale")
+
+    @property
+    def v_scale(self):
+        """Read-only view of the V scales, [Hkv, len] float32 (no copy); V at 8 bits."""
+        self._eight("v_scale", self.v_bits)
+        return self._view("v_scale")
+
+    @property
+    def k_first(self):
+        """Position 0 of K as appended, [Hkv, D] float32 (a copy), when the cache keeps it and
+        holds a token; else None."""
+        return self._copy("k_first") if self.keep_first and len(self) else None
+
+    @property
+    def v_first(self):
+        """Position 0 of V as appended, like ``k_first``."""
+        return self._copy("v_first") if self.keep_first and len(self) else None
+
+    @property
+    def k_offset(self):
+        """The K offset per kv head, [Hkv, D] float32 (a copy) in the stored space (rotated when
+        the cache rotates), when the cache centers and its offsets are set (see ``center``); else None."""
+        return self._copy("k_offset") if self.center and self._offsets_set else None
+
+    @property
+    def v_offset(self):
+        """The V offset per kv head, like ``k_offset``."""
+        return self._copy("v_offset") if self.center and self._offsets_set else None
+
+    def dequantize(self):
+        """The history decode attends over, as floats: ``(k, v)``, each [len, Hkv, D] float32:
+        code * scale (plus the offset when centered), rotated back when the cache rotates; with
+        keep_first, position 0 is its float row."""
+        self._enter()
+        try:
+            return self._dequantize()
+        finally:
+            self._leave()
+
+    # -- operations -----------------------------------------------------------------------
+
+    def _tokens(self, n):
+        """n as a count of the cache's tokens, 0 .. len(cache), or the error naming it."""
+        n = _args.as_int(n, "n")
+        if not 0 <= n <= len(self):
+            raise ValueError(f"n must be from 0 to len(cache)={len(self)}, got {n}")
+        return n
+
+    def reset(self):
+        """Forget every token (capacity and buffers are kept)."""
+        self.truncate(0)
+
+    def truncate(self, n):
+        """Keep the first n tokens and forget the rest (rejected speculative tokens): the cache
+        then decodes exactly as it did after its n-th token was appended, and holds what it held
+        then, when the tokens taken back since are at most ``recent`` (the ring's spare) or the
+        cache has no recent window. Taking back more, the positions whose floats are gone are
+        read from their codes until they leave the window. With center, truncating to before
+        the offsets were set (n <= 1, or n <= recent with a window) forgets them. 0 <= n <=
+        len(cache)."""
+        self._enter()
+        try:
+            self._truncate(self._tokens(n))
+        finally:
+            self._leave()
+
+    def evict(self, n):
+        """Forget the n oldest tokens: token n + i becomes token i and len(cache) shrinks by n,
+        freeing capacity for appends (a sliding-window layer keeps only what its window still
+        sees). The tokens kept are read back exactly as before by a decode that sees them; with
+        keep_first, the new first token's float row is what decode read for it (its floats in
+        the recent window, else its dequantized codes, held within +-2**64 like every float
+        row), and centering keeps its offsets.
+        0 <= n <= len(cache); with k_bits=4 a multiple of 32 (K's groups stay whole)."""
+        self._enter()
+        try:
+            n = self._tokens(n)
+            _rules.check_evict(n, self.k_bits)
+            self._evict(n)
+        finally:
+            self._leave()
+
+    def append(self, k, v):
+        """Quantize and store tokens.
+
+        Parameters
+        ----------
+        k, v : array-like, [Hkv, D] (one token) or [T, Hkv, D] (T tokens, one C call)
+            Any real dtype and strides; converted to float32. Torch CPU tensors are accepted.
+            Every value must be within +-2**64 (``VALUE_MAX``), far beyond any activation: the
+            format's steps stay inside float32 there.
+
+        Raises ValueError on a shape mismatch, on NaN or Inf or a value beyond +-2**64, or when
+        the tokens would not fit in ``max_seq``; a batch is stored whole or not at all, and a
+        failed call changes nothing.
+        """
+        self._enter()
+        try:
+            ka, va = _args.append(k, v, self.n_kv_heads, self.head_dim, len(self), self.max_seq)
+            if ka.shape[0]:
+                self._append(ka, va)
+        finally:
+            self._leave()
+
+    def decode(self, q, *, scale=None, q_bits=16, out=None, window=None, sinks=0, softcap=None):
+        """Attention of the queries over the cached tokens.
+
+        Parameters
+        ----------
+        q : array-like or torch CPU tensor, [H, D] or [T, H, D]
+            Queries, any real dtype (converted to float32); H a multiple of Hkv. Query head h
+            reads kv head ``h // (H // Hkv)`` (GQA; MQA when Hkv == 1). With T queries they are
+            the last T positions of the cache (1 <= T <= len), causal among themselves: query t
+            sees positions up to ``len - T + t`` (verifying speculative tokens, chunked
+            prefill). Each K/V row is read once for all T queries. Values within +-2**64.
+        scale : float, optional
+            Softmax scale applied to q.k, default ``1 / sqrt(D)``; positive, and with
+            ``scale * max|q|`` at most 2**40 (``QSCALE_MAX``) in every query row, so that no
+            logit can leave float32's range.
+        q_bits : {16, 8}
+            16 (default): q as two int8 planes, within 1e-3 of fp32 attention on the dequantized
+            cache. 8: a single int8 q, the seed's method (about 1e-2).
+        out : numpy.ndarray or torch CPU tensor, optional
+            float32 C-contiguous, aligned buffer of q's shape to write into instead of
+            allocating.
+        window : int, optional
+            Each query sees only the last ``window`` positions up to itself (sliding-window
+            layers); the positions it cannot see are not read. Any window >= 1 (one longer
+            than the cache sees everything).
+        sinks : int
+            With a window, the first ``sinks`` positions stay visible too (attention sinks);
+            0 <= sinks <= window.
+        softcap : float, optional
+            Logits become ``softcap * tanh(logit / softcap)`` before the softmax (Gemma 2);
+            from 2**-126 to 2**126.
+
+        Returns
+        -------
+        float32, q's shape: ``out`` when given, else a torch tensor when q is one (sharing
+        memory with the numpy result, no copy), else a numpy.ndarray.
+        """
+        self._enter()
+        try:
+            qa, out, result, s, bits, w, n, cap = _args.decode(
+                q, scale, q_bits, out, window, sinks, softcap, len(self), self.n_kv_heads,
+                self.head_dim, self.max_seq)
+            _cache._decode([self], qa, out, s, bits, w, n, cap, False)
+            return result
+        finally:
+            self._leave()
+
+    # -- save and load --------------------------------------------------------------------
+
+    def state_dict(self):
+        """The cache as a dict of numpy arrays (copies), the content of ``save``'s file:
+
+        ``format`` ("int8attn.Int8KVCache"), ``format_version`` (3), ``n_kv_heads``,
+        ``max_seq``, ``head_dim``, ``length`` (ints); ``rotate`` (bool), ``rotation_seed`` and
+        ``rotation_block`` (ints); ``keep_first``, ``center`` (bools); ``k_i8``, ``v_i8``
+        [Hkv, length, D] int8 (rotated codes when the cache rotates); ``k_scale``, ``v_scale``
+        [Hkv, length] float32; ``k_first``, ``v_first``, ``k_offset``, ``v_offset`` [Hkv, D]
+        float32 (zeros where the cache has none); ``offsets_set`` (bool); ``recent`` (int);
+        ``k_recent``, ``v_recent`` [n, Hkv, D] float32, the floats held for the last n
+        positions (n = 0 without a recent window). Version 1 files (from before keep_first and
+        center) load with both off, version 2 files (before the recent window) with recent=0.
+        """
+        self._enter()
+        try:
+            rows = self._export(_state.fields(self.k_bits, self.v_bits))
+            return _state.state_of(self.n_kv_heads, self.max_seq, self.head_dim, self.k_bits,
+                                   self.v_bits, self.rotate, self.rotation_seed, self.keep_first,
+                                   self.center, self.recent, len(self), self._offsets_set, rows)
+        finally:
+            self._leave()
+
+    @classmethod
+    def from_state_dict(cls, state, max_seq=None):
+        """A cache holding exactly what ``state`` (from ``state_dict``) holds. ``max_seq``
+        defaults to the saved capacity and must be at least the saved length. Raises ValueError
+        naming what is missing, mis-shaped or impossible; nothing is half-loaded."""
+        s = _state.check(state, max_seq)
+        general = "k_bits" in cls.__signature__.parameters
+        try:
+            cache = cls(s.n_kv_heads, s.max_seq, s.head_dim,
+                        **_state.options(s, general, cls.__name__))
+        except (MemoryError, ValueError) as e:
+            raise _state.allocation_error(s, max_seq, e) from None
+        cache._enter()
+        try:
+            cache._import(s.length, s.arrays, s.offsets_set)
+        finally:
+            cache._leave()
+        return cache
+
+    def save(self, path):
+        """Write the cache to ``path`` (a path, or a binary file object open for writing) as an
+        uncompressed ``.npz`` (numpy can read it: ``numpy.load(path)`` gives the arrays of
+        ``state_dict``; zip CRCs guard every array)."""
+        _state.save(self.state_dict(), path)
+
+    @classmethod
+    def load(cls, path, max_seq=None):
+        """A cache from a file written by ``save`` (a path, or a binary file object open for
+        reading). A file that cannot be opened raises OSError
+        (a missing file, FileNotFoundError); one that is truncated, corrupted or foreign raises
+        ValueError."""
+        return cls.from_state_dict(_state.read(path), max_seq)
+
+
+class Int8KVCache(KVCache):
+    """An int8 KV cache for decode attention: ``KVCache`` with K and V at 8 bits (its options but
+    ``k_bits`` and ``v_bits``, the same methods and attributes).
+
+    K and V are stored per token and kv head as int8 codes with one float32 absmax scale each
+    (``scale = max|x| / 127``, codes ``round(x / scale)`` in [-127, 127]): half the bytes of an
+    fp16 cache, a quarter of fp32. See ``KVCache`` for the parameters.
+    """
+
+    __signature__ = _args.SIGNATURE
+    __slots__ = ()
+
+
+def decode_batch(caches, q, *, scale=None, q_bits=16, out=None, window=None, sinks=0,
+                 softcap=None):
+    """``caches[b].decode(q[b], ...)`` for every b, in one call: the (kv head, chunk) work items
+    of all the caches share the thread pool (a batch of sequences, one cache each).
+
+    Parameters
+    ----------
+    caches : sequence of B distinct KVCache (Int8KVCache included)
+        Equal ``n_kv_heads`` and ``head_dim``; lengths and formats may differ, each at least T
+        long.
+    q : array-like or torch CPU tensor, [B, H, D] or [B, T, H, D]
+        Cache b's queries are ``q[b]``, as in ``Int8KVCache.decode``.
+    scale, q_bits, out, window, sinks, softcap
+        As in ``Int8KVCache.decode``, the same for every cache; ``out`` has q's shape.
+
+    Returns float32 of q's shape, like ``decode``. Every cache is taken for the whole call (a
+    cache in use by another thread raises RuntimeError); a call that raises writes no output.
+    """
+    if isinstance(caches, KVCache):
+        raise TypeError(f"caches must be a sequence of KVCache, got one {type(caches).__name__}")
+    seq = list(caches)
+    if not seq:
+        raise ValueError("caches must hold at least one KVCache, got an empty sequence")
+    for i, c in enumerate(seq):
+        if not isinstance(c, KVCache):
+            raise TypeError(f"caches[{i}] must be a KVCache or Int8KVCache, got "
+                            f"{type(c).__name__}")
+    if len({id(c) for c in seq}) != len(seq):
+        raise ValueError("caches must be distinct: the same cache appears more than once")
+    taken = []
+    try:
+        for c in seq:
+            c._enter()
+            taken.append(c)
+        c0 = seq[0]
+        for i, c in enumerate(seq):
+            if (c.n_kv_heads, c.head_dim) != (c0.n_kv_heads, c0.head_dim):
+                raise ValueError(
+                    f"caches[{i}] has n_kv_heads={c.n_kv_heads}, head_dim={c.head_dim}; "
+                    f"caches[0] has n_kv_heads={c0.n_kv_heads}, head_dim={c0.head_dim}: "
+                    f"a batch needs them equal")
+        qa, out, result, s, bits, w, n, cap = _args.decode(
+            q, scale, q_bits, out, window, sinks, softcap, min(len(c) for c in seq),
+            c0.n_kv_heads, c0.head_dim, max(c.max_seq for c in seq), batch=len(seq))
+        _cache._decode(seq, qa, out, s, bits, w, n, cap, True)
+        return result
+    finally:
+        for c in taken:
+            c._leave()
