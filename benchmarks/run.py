@@ -2,7 +2,7 @@
 
     python benchmarks/run.py [--quick] [--out benchmarks/results/NAME.json]
 
-Runs every case of DESIGN section 6 (the seed's table per tier and q_bits, hot and cold regimes,
+Runs every case of benchmarks/README.md (the seed's table per tier and q_bits, hot and cold regimes,
 longer contexts, GQA 32/8, thread scaling 1..N, and the numpy / torch baselines when present),
 then the decode under load (0 .. N busy-loop processes on the N CPUs, 1 thread vs the default),
 prints a table and the issue's targets, and writes the report (machine, versions, commit, tier,

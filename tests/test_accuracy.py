@@ -1,4 +1,4 @@
-"""Each tier against the math contract (DESIGN section 2): q_bits=16 within 1e-3 of fp32
+"""Each tier against the math contract (docs/architecture.md): q_bits=16 within 1e-3 of fp32
 attention over the dequantized cache; q_bits=8 within 1e-4 of the kernel-exact emulation.
 Every format: with and without the rotation, the kept first position and the centering."""
 

@@ -1,8 +1,9 @@
 """int8attn: decode attention directly over an int8 KV cache.
 
 K and V are stored per token and kv head as int8 codes with one float32 absmax scale (half the
-bytes of an fp16 cache); decode computes exact int32 q.k dots, an f32 softmax and f32
-accumulation over the int8 V stream, with SIMD kernels chosen for this CPU at import.
+bytes of an fp16 cache; ``KVCache`` also keeps either side at 4 bits); decode computes exact
+integer q.k dots, an f32 softmax and an integer V sum over the weights in 7-bit planes, with
+SIMD kernels chosen for this CPU at import.
 
 >>> import numpy as np, int8attn as ia
 >>> cache = ia.Int8KVCache(n_kv_heads=8, max_seq=4096, head_dim=128)

@@ -291,15 +291,18 @@ class KVCache(_cache._Store):
     def state_dict(self):
         """The cache as a dict of numpy arrays (copies), the content of ``save``'s file:
 
-        ``format`` ("int8attn.Int8KVCache"), ``format_version`` (3), ``n_kv_heads``,
-        ``max_seq``, ``head_dim``, ``length`` (ints); ``rotate`` (bool), ``rotation_seed`` and
-        ``rotation_block`` (ints); ``keep_first``, ``center`` (bools); ``k_i8``, ``v_i8``
-        [Hkv, length, D] int8 (rotated codes when the cache rotates); ``k_scale``, ``v_scale``
-        [Hkv, length] float32; ``k_first``, ``v_first``, ``k_offset``, ``v_offset`` [Hkv, D]
-        float32 (zeros where the cache has none); ``offsets_set`` (bool); ``recent`` (int);
-        ``k_recent``, ``v_recent`` [n, Hkv, D] float32, the floats held for the last n
-        positions (n = 0 without a recent window). Version 1 files (from before keep_first and
-        center) load with both off, version 2 files (before the recent window) with recent=0.
+        ``format`` ("int8attn.Int8KVCache"), ``format_version`` (4), ``n_kv_heads``,
+        ``max_seq``, ``head_dim``, ``length`` (ints); ``k_bits``, ``v_bits`` (8 or 4);
+        ``rotate`` (bool), ``rotation_seed`` and ``rotation_block`` (ints); ``keep_first``,
+        ``center`` (bools); a side at 8 bits: ``k_i8`` / ``v_i8`` [Hkv, length, D] int8
+        (rotated codes when the side rotates) and ``k_scale`` / ``v_scale`` [Hkv, length]
+        float32; K at 4 bits: ``k_codes`` [Hkv, length, D] uint8 (0 .. 15) and
+        ``k_group_min``, ``k_group_step`` [Hkv, ceil(length / 32), D] float32; V at 4 bits:
+        ``v_codes``, ``v_min`` [Hkv, length] and ``v_scale`` (its steps); ``k_first``,
+        ``v_first``, ``k_offset``, ``v_offset`` [Hkv, D] float32 (zeros where the cache has
+        none); ``offsets_set`` (bool); ``recent`` (int); ``k_recent``, ``v_recent`` [n, Hkv, D]
+        float32, the floats held for the last n positions (n = 0 without a recent window).
+        Files of versions 1-3 load as docs/architecture.md ("The file format") says.
         """
         self._enter()
         try:
