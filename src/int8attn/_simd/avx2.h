@@ -690,18 +690,18 @@ static inline void i8a_v4pass_avx2(float *scratch, size_t nq, const i8a_span *kv
 
 /* attend4 (dispatch.h) in attend's order: K at 8 bits by attend's dots, at 4 bits group by
  * group; the softmax, V's minima, the planes; the V pass of the side's width. */
-static void i8a_attend4_avx2(const i8a_query *q, const i8a_span *kv, float *scratch,
-                             const i8a_state *out)
+I8A_INLINE void i8a_attend4_body_avx2(const i8a_query *q, const i8a_span *kv, float *scratch,
+                                      const i8a_state *out, const int k4, const int v4)
 {
     const size_t d = q->d, n = kv->n, nq = q->nq;
     uint8_t *extra = (uint8_t *)(scratch + 2 * nq * I8A_CHUNK);
     int32_t *dh = (int32_t *)(scratch + nq * I8A_CHUNK), *dl = (int32_t *)scratch;
-    if (!kv->k4)
+    if (!k4)
         i8a_kdots_avx2(q, kv, dh, dl);
     for (size_t j = 0; j < nq; j++) {
         float *p = scratch + j * I8A_CHUNK;
         float m;
-        if (!kv->k4)
+        if (!k4)
             m = i8a_logits_avx2(dh + j * I8A_CHUNK, dl + j * I8A_CHUNK, q->c_hi[j],
                                 q->two_planes ? q->c_lo[j] : 0.0f, q->two_planes, q->bias[j],
                                 q->softcap, q->inv_softcap, kv->ks, n, p);
@@ -713,7 +713,7 @@ static void i8a_attend4_avx2(const i8a_query *q, const i8a_span *kv, float *scra
             p[s] = 0.0f;
         out->m[j] = m;
         out->l[j] = i8a_softmax_avx2(p, n, m);
-        if (kv->v4)
+        if (v4)
             *i8a_vmin_sum_at(scratch, nq, j) = i8a_vmin_sum_avx2(p, kv->v4_min, n);
         size_t s = 0;
         for (; s + 8 <= n; s += 8)
@@ -722,7 +722,7 @@ static void i8a_attend4_avx2(const i8a_query *q, const i8a_span *kv, float *scra
             p[s] = p[s] * kv->vs[s];
         i8a_planes_avx2(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j));
     }
-    if (kv->v4) {
+    if (v4) {
         i8a_v4pass_avx2(scratch, nq, kv, d, out->o);
         return;
     }
@@ -731,6 +731,25 @@ static void i8a_attend4_avx2(const i8a_query *q, const i8a_span *kv, float *scra
         i8a_vtiles_group_avx2(scratch, nq, j, 2, kv, d, out->o, pf_n);
     if (j < nq)
         i8a_vtiles_group_avx2(scratch, nq, j, 1, kv, d, out->o, pf_n);
+}
+
+/* The three entries of attend[k][v] with a side at 4 bits: the body above, its flags constant. */
+static void i8a_attend_k8v4_avx2(const i8a_query *q, const i8a_span *kv, float *scratch,
+                                 const i8a_state *out)
+{
+    i8a_attend4_body_avx2(q, kv, scratch, out, 0, 1);
+}
+
+static void i8a_attend_k4v8_avx2(const i8a_query *q, const i8a_span *kv, float *scratch,
+                                 const i8a_state *out)
+{
+    i8a_attend4_body_avx2(q, kv, scratch, out, 1, 0);
+}
+
+static void i8a_attend_k4v4_avx2(const i8a_query *q, const i8a_span *kv, float *scratch,
+                                 const i8a_state *out)
+{
+    i8a_attend4_body_avx2(q, kv, scratch, out, 1, 1);
 }
 
 static void i8a_merge_avx2(const i8a_state *run, const i8a_state *chunk, size_t d)

@@ -740,19 +740,19 @@ static inline void i8a_vpass4_scalar(float *scratch, size_t nq, const i8a_span *
  * vmin_s in the same lane order (multiply, then add); the weights p * vs (V's scales or steps)
  * in three integer planes; then the V pass of the side's width. */
 I8A_INLINE void i8a_attend4_body(const i8a_query *q, const i8a_span *kv, float *scratch,
-                                 const i8a_state *out)
+                                 const i8a_state *out, const int k4, const int v4)
 {
     const size_t d = q->d, n = kv->n, nq = q->nq;
     uint8_t *extra = (uint8_t *)(scratch + 2 * nq * I8A_CHUNK);
     for (size_t j = 0; j < nq; j++) {
         float *p = scratch + j * I8A_CHUNK;
-        const float m = kv->k4 ? i8a_logits4_scalar(q, kv, j, p, extra)
+        const float m = k4 ? i8a_logits4_scalar(q, kv, j, p, extra)
                                : i8a_logits8_scalar(q, kv, j, p);
         float lane[I8A_SUM_LANES] = {0.0f}, mlane[I8A_SUM_LANES] = {0.0f};
         for (size_t s = 0; s < n; s++) {
             p[s] = i8a_exp_scalar(p[s] - m);
             lane[s % I8A_SUM_LANES] += p[s];
-            if (kv->v4)
+            if (v4)
                 mlane[s % I8A_SUM_LANES] += p[s] * kv->v4_min[s];
         }
         for (size_t s = 0; s < n; s++)
@@ -762,7 +762,7 @@ I8A_INLINE void i8a_attend4_body(const i8a_query *q, const i8a_span *kv, float *
         out->m[j] = m;
         out->l[j] = i8a_reduce_lanes(lane);
     }
-    if (kv->v4)
+    if (v4)
         i8a_vpass4_scalar(scratch, nq, kv, d, out->o);
     else
         i8a_vpass8_scalar(scratch, nq, kv, d, out->o);

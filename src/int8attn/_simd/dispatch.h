@@ -103,8 +103,8 @@ typedef struct {
 typedef int (*i8a_quantize_row_fn)(const float *x, size_t d, int8_t *codes, float *scale);
 
 /* Attend a query group to one chunk: writes out->m, out->l, out->o for the chunk alone.
- * scratch: at least 2 * nq * I8A_CHUNK floats, 64-byte aligned; attend4 (a span with a side at
- * 4 bits: k4 or v4 set) I8A_ATTEND4_EXTRA bytes more. */
+ * scratch: at least 2 * nq * I8A_CHUNK floats, 64-byte aligned; an attend with a side at 4 bits
+ * (every entry of i8a_kernels.attend but [I8A_FMT8][I8A_FMT8]) I8A_ATTEND4_EXTRA bytes more. */
 typedef void (*i8a_attend_fn)(const i8a_query *q, const i8a_span *kv, float *scratch,
                               const i8a_state *out);
 #define I8A_ATTEND4_EXTRA (10 * I8A_MAX_HEAD_DIM + 12 * I8A_K4_GROUP + 64)
@@ -142,12 +142,19 @@ typedef float (*i8a_half_row_fn)(const float *x, size_t d, uint16_t *h);
  * +-1; y may be x (in place), otherwise the two must not overlap. */
 typedef void (*i8a_rotate_fn)(const float *x, size_t d, const float *sign, int inverse, float *y);
 
+/* The storage formats of a side (K or V) of the cache: the indices of i8a_kernels.attend. At 8
+ * bits a span's k / ks (K) and v / vs (V) are read; at 4 bits k4 and its groups (K), v4, v4_min
+ * and vs as the steps (V). */
+enum { I8A_FMT8 = 0, I8A_FMT4 = 1, I8A_FMTS = 2 };
+
+/* A tier's kernels, by name (kernels.c fills them with designated initializers). */
 typedef struct {
     const char *name;
     unsigned requires;               /* I8A_CPU_* bits the tier needs */
     i8a_quantize_row_fn quantize_row;
-    i8a_attend_fn attend;
-    i8a_attend_fn attend4;           /* a chunk with a side at 4 bits */
+    /* attend[K's format][V's format]: a chunk whose sides are in those formats (the span's
+     * fields of the other format unused); [I8A_FMT8][I8A_FMT8] is the 8/8 attend */
+    i8a_attend_fn attend[I8A_FMTS][I8A_FMTS];
     i8a_merge_fn merge;
     i8a_rotate_fn rotate;
     i8a_attend_float_fn attend_float;

@@ -620,17 +620,18 @@ I8A_INLINE void i8a_v4pass_neon(float *scratch, size_t nq, const i8a_span *kv, s
  * side's width (vpass8, vpass4: the tier's). */
 I8A_INLINE void i8a_attend4_with_neon(i8a_dot16_neon_fn dot16, i8a_vpass_neon_fn vpass8,
                                       i8a_vpass_neon_fn vpass4, const i8a_query *q,
-                                      const i8a_span *kv, float *scratch, const i8a_state *out)
+                                      const i8a_span *kv, float *scratch, const i8a_state *out,
+                                      const int k4, const int v4)
 {
     const size_t d = q->d, n = kv->n, nq = q->nq;
     uint8_t *extra = (uint8_t *)(scratch + 2 * nq * I8A_CHUNK);
     int32_t *dh = (int32_t *)(scratch + nq * I8A_CHUNK), *dl = (int32_t *)scratch;
-    if (!kv->k4)
+    if (!k4)
         i8a_kdots_with_neon(dot16, q, kv, dh, dl);
     for (size_t j = 0; j < nq; j++) {
         float *p = scratch + j * I8A_CHUNK;
         float m;
-        if (!kv->k4)
+        if (!k4)
             m = i8a_logits_neon(dh + j * I8A_CHUNK, dl + j * I8A_CHUNK, q->c_hi[j],
                                 q->two_planes ? q->c_lo[j] : 0.0f, q->two_planes, q->bias[j],
                                 q->softcap, q->inv_softcap, kv->ks, n, p);
@@ -642,7 +643,7 @@ I8A_INLINE void i8a_attend4_with_neon(i8a_dot16_neon_fn dot16, i8a_vpass_neon_fn
             p[s] = 0.0f;
         out->m[j] = m;
         out->l[j] = i8a_softmax_neon(p, n, m);
-        if (kv->v4)
+        if (v4)
             *i8a_vmin_sum_at(scratch, nq, j) = i8a_vmin_sum_neon(p, kv->v4_min, n);
         size_t s = 0;
         for (; s + 4 <= n; s += 4)
@@ -651,13 +652,28 @@ I8A_INLINE void i8a_attend4_with_neon(i8a_dot16_neon_fn dot16, i8a_vpass_neon_fn
             p[s] = p[s] * kv->vs[s];
         i8a_planes_neon(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j));
     }
-    (kv->v4 ? vpass4 : vpass8)(scratch, nq, kv, d, out->o);
+    (v4 ? vpass4 : vpass8)(scratch, nq, kv, d, out->o);
 }
 
-static void i8a_attend4_neon(const i8a_query *q, const i8a_span *kv, float *scratch,
-                             const i8a_state *out)
+static void i8a_attend_k8v4_neon(const i8a_query *q, const i8a_span *kv, float *scratch,
+                                 const i8a_state *out)
 {
-    i8a_attend4_with_neon(i8a_dot16_neon, i8a_vpass_neon, i8a_v4pass_neon, q, kv, scratch, out);
+    i8a_attend4_with_neon(i8a_dot16_neon, i8a_vpass_neon, i8a_v4pass_neon, q, kv, scratch, out,
+                          0, 1);
+}
+
+static void i8a_attend_k4v8_neon(const i8a_query *q, const i8a_span *kv, float *scratch,
+                                 const i8a_state *out)
+{
+    i8a_attend4_with_neon(i8a_dot16_neon, i8a_vpass_neon, i8a_v4pass_neon, q, kv, scratch, out,
+                          1, 0);
+}
+
+static void i8a_attend_k4v4_neon(const i8a_query *q, const i8a_span *kv, float *scratch,
+                                 const i8a_state *out)
+{
+    i8a_attend4_with_neon(i8a_dot16_neon, i8a_vpass_neon, i8a_v4pass_neon, q, kv, scratch, out,
+                          1, 1);
 }
 
 static void i8a_merge_neon(const i8a_state *run, const i8a_state *chunk, size_t d)

@@ -43,11 +43,24 @@ static void i8a_attend_scalar(const i8a_query *q, const i8a_span *kv, float *scr
     i8a_vpass8_scalar(scratch, q->nq, kv, q->d, out->o);
 }
 
-/* attend4: common.h's body (the reference of every tier's). */
-static void i8a_attend4_scalar(const i8a_query *q, const i8a_span *kv, float *scratch,
-                               const i8a_state *out)
+/* attend[k][v] with a side at 4 bits: common.h's body (the reference of every tier's), its
+ * flags constant. */
+static void i8a_attend_k8v4_scalar(const i8a_query *q, const i8a_span *kv, float *scratch,
+                                   const i8a_state *out)
 {
-    i8a_attend4_body(q, kv, scratch, out);
+    i8a_attend4_body(q, kv, scratch, out, 0, 1);
+}
+
+static void i8a_attend_k4v8_scalar(const i8a_query *q, const i8a_span *kv, float *scratch,
+                                   const i8a_state *out)
+{
+    i8a_attend4_body(q, kv, scratch, out, 1, 0);
+}
+
+static void i8a_attend_k4v4_scalar(const i8a_query *q, const i8a_span *kv, float *scratch,
+                                   const i8a_state *out)
+{
+    i8a_attend4_body(q, kv, scratch, out, 1, 1);
 }
 
 static void i8a_merge_scalar(const i8a_state *run, const i8a_state *chunk, size_t d)
