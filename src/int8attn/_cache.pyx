@@ -889,7 +889,7 @@ def _attend(q_hi, q_lo, c_hi, c_lo, k, k_scale, v, v_scale, bias, softcap=0.0, t
     span.k4 = span.v4 = NULL
     cdef i8a_state st
     st.m, st.l, st.o = &mm[0], &lm[0], &om[0, 0]
-    i8a_load_tier(&_kt).attend(&q, &span, &sc[0], &st)
+    i8a_load_tier(&_kt).attend[0][0](&q, &span, &sc[0], &st)
     return m, l, o
 
 

@@ -42,8 +42,8 @@ cdef extern from "_simd/dispatch.h" nogil:
         const char *name
         unsigned requires
         int (*quantize_row)(const float *x, size_t d, int8_t *codes, float *scale) noexcept nogil
-        void (*attend)(const i8a_query *q, const i8a_span *kv, float *scratch,
-                       const i8a_state *out) noexcept nogil
+        void (*attend[2][2])(const i8a_query *q, const i8a_span *kv, float *scratch,
+                             const i8a_state *out) noexcept nogil
         void (*rotate)(const float *x, size_t d, const float *sign, int inverse,
                        float *y) noexcept nogil
         float (*half_row)(const float *x, size_t d, uint16_t *h) noexcept nogil
