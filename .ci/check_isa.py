@@ -3,9 +3,14 @@
     python .ci/check_isa.py OBJDUMP FILE.so ARCH        ARCH: x86_64 or aarch64
     python .ci/check_isa.py names SIMD_DIR              the naming rule the first check needs
 
-The naming rule: every function defined in SIMD_DIR/<tier>.h ends in _<tier> (common.h and
-dispatch.h hold the shared, baseline code). The objdump check finds a tier's functions by that
-suffix, so a tier function named otherwise would escape it.
+The layout: SIMD_DIR/<op>/scalar.h holds an op's scalar rule (baseline, shared by every tier)
+and the scalar tier's entry; SIMD_DIR/<op>/<tier>.h that op's code of one ISA tier, included only
+by SIMD_DIR/<tier>.h inside the tier's target region (neon.h: the aarch64 baseline, no region).
+The naming rule: every function defined in SIMD_DIR/<op>/<tier>.h ends in _<tier>, and no
+function of <op>/scalar.h ends in an ISA tier's suffix; each <op>/<tier>.h is included by
+<tier>.h and by nothing else under SIMD_DIR, and the tier headers define no function themselves
+(so that a tier's pragma applies to exactly its op files). The objdump check finds a tier's
+functions by that suffix, so a tier function named otherwise would escape it.
 
 Disassembles FILE.so and fails when a function outside a tier holds an instruction beyond the
 architecture's baseline: on x86-64 any VEX/EVEX instruction (v-prefixed, ymm/zmm/k registers)
@@ -64,26 +69,55 @@ def main(objdump, path, arch):
 DEFINITION = re.compile(r"^(?:static|I8A_INLINE)\b[^;{(]*?\b(i8a_\w+|\w+)\s*\(", re.M)
 
 
+ISA_TIERS = ("avx2", "avx512_vnni", "neon", "neon_dotprod")
+INCLUDE = re.compile(r'^#include "([^"]+)"', re.M)
+
+
+def definitions(text):
+    """(name, line) of every function defined in text."""
+    for m in DEFINITION.finditer(text):
+        rest = text[m.end():]
+        depth, i = 1, 0                      # skip the argument list, then see what follows
+        while depth and i < len(rest):
+            depth += {"(": 1, ")": -1}.get(rest[i], 0)
+            i += 1
+        if rest[i:].lstrip().startswith("{"):  # else a declaration or a typedef
+            yield m.group(1), text.count("\n", 0, m.start()) + 1
+
+
 def check_names(simd_dir):
     bad, count = [], 0
-    for path in sorted(glob.glob(os.path.join(simd_dir, "*.h"))):
-        tier = os.path.basename(path)[:-2]
-        if tier in ("common", "dispatch"):
-            continue
+    includers = {}                           # op file -> the headers that include it
+    for path in sorted(glob.glob(os.path.join(simd_dir, "*.[ch]"))
+                       + glob.glob(os.path.join(simd_dir, "*", "*.h"))):
+        rel = os.path.relpath(path, simd_dir)
         text = open(path).read()
-        for m in DEFINITION.finditer(text):
-            rest = text[m.end():]
-            depth, i = 1, 0                  # skip the argument list, then see what follows
-            while depth and i < len(rest):
-                depth += {"(": 1, ")": -1}.get(rest[i], 0)
-                i += 1
-            if not rest[i:].lstrip().startswith("{"):
-                continue                     # a declaration or a typedef, not a definition
+        for inc in INCLUDE.findall(text):
+            target = os.path.normpath(os.path.join(os.path.dirname(rel), inc))
+            includers.setdefault(target, []).append(rel)
+        parts = rel.split(os.sep)
+        if len(parts) == 1:                  # a tier header, common.h, dispatch.h, kernels.c
+            if parts[0][:-2] in ISA_TIERS + ("scalar",):
+                for name, line in definitions(text):
+                    bad.append(f"{path}:{line}: {name} defined in a tier header, not an op file")
+            continue
+        tier = parts[1][:-2]
+        for name, line in definitions(text):
             count += 1
-            if not m.group(1).endswith("_" + tier):
-                line = text.count("\n", 0, m.start()) + 1
-                bad.append(f"{path}:{line}: {m.group(1)} does not end in _{tier}")
-    print(f"{simd_dir}: {count} tier function definitions checked")
+            if tier == "scalar":
+                if any(name.endswith("_" + t) for t in ISA_TIERS):
+                    bad.append(f"{path}:{line}: {name} (an ISA tier's name) in a scalar rule")
+            elif tier in ISA_TIERS:
+                if not name.endswith("_" + tier):
+                    bad.append(f"{path}:{line}: {name} does not end in _{tier}")
+            else:
+                bad.append(f"{path}:{line}: {name} in {parts[1]}, not a tier's file")
+    for path in sorted(glob.glob(os.path.join(simd_dir, "*", "*.h"))):
+        rel = os.path.relpath(path, simd_dir)
+        tier = os.path.basename(rel)[:-2]
+        if tier in ISA_TIERS and includers.get(rel, []) != [tier + ".h"]:
+            bad.append(f"{path}: included by {includers.get(rel, [])}, not by {tier}.h alone")
+    print(f"{simd_dir}: {count} function definitions checked")
     for b in bad:
         print("  " + b)
     return 1 if bad or not count else 0

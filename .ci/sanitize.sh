@@ -6,8 +6,9 @@
 #   2. the pytest suite against that build, from outside the source tree, with the ASan runtime
 #      preloaded into the (uninstrumented) interpreter; the `tier` fixture runs the kernel tests
 #      on every tier this CPU has;
-#   3. the C cross-check of tiers (tests/c/tiers_agree.c) built and run with the same sanitizers,
-#      and once more with ThreadSanitizer (the pool's lock-free claims and wake-ups).
+#   3. the C cross-check of tiers (tests/c/tiers_agree.c) and of each kernel table entry
+#      (tests/c/kernels_agree.c) built and run with the same sanitizers, and tiers_agree once more
+#      with ThreadSanitizer (the pool's lock-free claims and wake-ups).
 # Any sanitizer report or test failure fails the lane; the wall time of each phase is printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -84,11 +85,17 @@ done
 cd "$ROOT"
 
 phase "C cross-check of tiers under ASan + UBSan (leak checks on: all of it is instrumented)"
-mapfile -t csrc < <(grep -v '^#' src/int8attn/csources.txt)       # the one list setup.py builds
-csrc=(tests/c/tiers_agree.c "${csrc[@]}")
+mapfile -t lib < <(grep -v '^#' src/int8attn/csources.txt)        # the one list setup.py builds
+csrc=(tests/c/tiers_agree.c "${lib[@]}")
 cflags=(-O2 -std=c11 -ffp-contract=off -Wall -Wextra -Werror -DI8A_CHECK_PRECONDITIONS -Isrc/int8attn)
 gcc "${cflags[@]}" "${SAN[@]}" "${csrc[@]}" -lm -pthread -o "$tmp/agree"
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "$tmp/agree" || fail "tiers_agree under the sanitizers"
+# each table entry called directly on inputs of the exact size of its preconditions: a read past
+# them is an ASan report
+gcc "${cflags[@]}" "${SAN[@]}" tests/c/kernels_agree.c "${lib[@]}" -lm -pthread \
+  -o "$tmp/kernels-agree"
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "$tmp/kernels-agree" \
+  || fail "kernels_agree under the sanitizers"
 
 phase "C cross-check under ThreadSanitizer: the pool's claims, steals and wake-ups"
 gcc "${cflags[@]}" -fsanitize=thread -g "${csrc[@]}" -lm -pthread -o "$tmp/agree-tsan"

@@ -424,7 +424,7 @@ def _attend(q_hi, q_lo, c_hi, c_lo, k, k_scale, v, v_scale, bias, softcap=0.0, t
     span.ks, span.vs = <float *>_ptr(a[7]), <float *>_ptr(a[8])
     cdef i8a_state st
     st.m, st.l, st.o = <float *>_ptr(m), <float *>_ptr(l), <float *>_ptr(o)
-    i8a_load_tier(&_kt).attend(&q, &span, scratch, &st)
+    i8a_load_tier(&_kt).attend[I8A_FMT8][I8A_FMT8](&q, &span, scratch, &st)
     return m, l, o
 
 

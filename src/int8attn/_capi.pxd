@@ -14,6 +14,7 @@ cdef extern from "_simd/dispatch.h" nogil:
         I8A_V_TILE
         I8A_K4_GROUP
         I8A_NIB_BLOCK
+        I8A_FMT8
     ctypedef struct i8a_query:
         size_t d, nq
         int two_planes
@@ -43,8 +44,8 @@ cdef extern from "_simd/dispatch.h" nogil:
         const char *name
         unsigned requires
         int (*quantize_row)(const float *x, size_t d, int8_t *codes, float *scale) noexcept nogil
-        void (*attend)(const i8a_query *q, const i8a_span *kv, float *scratch,
-                       const i8a_state *out) noexcept nogil
+        void (*attend[2][2])(const i8a_query *q, const i8a_span *kv, float *scratch,
+                             const i8a_state *out) noexcept nogil
         void (*rotate)(const float *x, size_t d, const float *sign, int inverse,
                        float *y) noexcept nogil
         float (*half_row)(const float *x, size_t d, uint16_t *h) noexcept nogil

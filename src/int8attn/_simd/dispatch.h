@@ -1,7 +1,11 @@
 /* The kernel table: every tier fills one i8a_kernels with functions of these signatures.
  *
- * Every function of _simd/<tier>.h is named i8a_<name>_<tier>, tier in {scalar, neon,
- * neon_dotprod, avx2, avx512_vnni} (.ci/check_isa.py checks it). The engine only calls through
+ * The kernels are filed by operation: _simd/<op>/scalar.h is the op's scalar rule (every tier
+ * equals it bit for bit) and the scalar tier's entry, _simd/<op>/<tier>.h the op for one ISA tier,
+ * included by _simd/<tier>.h inside the tier's target region. Every function of an
+ * _simd/<op>/<tier>.h is named i8a_<name>_<tier>, tier in {neon, neon_dotprod, avx2,
+ * avx512_vnni}, and each is included by its tier header alone (.ci/check_isa.py checks both;
+ * the scalar tier's entries are i8a_<name>_scalar). The engine only calls through
  * a table; the front end validates every argument first, so kernels assume their preconditions
  * (written next to each signature) and never check them in a release build. A build with
  * -DI8A_CHECK_PRECONDITIONS (the C cross-check's) checks them at the engine's calls with
@@ -91,7 +95,7 @@ typedef struct {
 
 /* Softmax state of nq query heads over some tokens: max logit, sum of exp(logit - m), and
  * the unnormalized output sum_s exp(logit_s - m) * v_scale_s * v_s (over a chunk, with the
- * weights exp(logit_s - m) * v_scale_s in integer planes: common.h). */
+ * weights exp(logit_s - m) * v_scale_s in integer planes: planes/scalar.h). */
 typedef struct {
     float *m;       /* [nq] */
     float *l;       /* [nq] */
@@ -103,8 +107,8 @@ typedef struct {
 typedef int (*i8a_quantize_row_fn)(const float *x, size_t d, int8_t *codes, float *scale);
 
 /* Attend a query group to one chunk: writes out->m, out->l, out->o for the chunk alone.
- * scratch: at least 2 * nq * I8A_CHUNK floats, 64-byte aligned; attend4 (a span with a side at
- * 4 bits: k4 or v4 set) I8A_ATTEND4_EXTRA bytes more. */
+ * scratch: at least 2 * nq * I8A_CHUNK floats, 64-byte aligned; an attend with a side at 4 bits
+ * (every entry of i8a_kernels.attend but [I8A_FMT8][I8A_FMT8]) I8A_ATTEND4_EXTRA bytes more. */
 typedef void (*i8a_attend_fn)(const i8a_query *q, const i8a_span *kv, float *scratch,
                               const i8a_state *out);
 #define I8A_ATTEND4_EXTRA (10 * I8A_MAX_HEAD_DIM + 12 * I8A_K4_GROUP + 64)
@@ -124,9 +128,9 @@ typedef struct {
 } i8a_float_rows;
 
 /* The state of one query row over the recent window's rows (the contract's recent-window step,
- * i8a_attend_float_body in common.h): q [d] the query times the softmax scale, w the visible
- * positions' rows, cap > 0 the soft cap (0: off). Writes *m, *l, o [d], and logit [n] as
- * scratch. 1 <= w->n, d a multiple of 16, at most I8A_MAX_HEAD_DIM; o must not overlap the
+ * i8a_attend_float_body in window/scalar.h): q [d] the query times the softmax scale, w the
+ * visible positions' rows, cap > 0 the soft cap (0: off). Writes *m, *l, o [d], and logit [n]
+ * as scratch. 1 <= w->n, d a multiple of 16, at most I8A_MAX_HEAD_DIM; o must not overlap the
  * rows. */
 typedef void (*i8a_attend_float_fn)(const float *q, const i8a_float_rows *w, size_t d, float cap,
                                     float *logit, float *m, float *l, float *o);
@@ -138,16 +142,23 @@ typedef void (*i8a_attend_float_fn)(const float *q, const i8a_float_rows *w, siz
  * 2^e. Every tier returns the same bits (IEEE rounding in hardware or in i8a_half_bits). */
 typedef float (*i8a_half_row_fn)(const float *x, size_t d, uint16_t *h);
 
-/* The cache's rotation (common.h) of the row x [d] into y [d]: d a multiple of 16, sign [d] of
+/* The cache's rotation (rotate/scalar.h) of the row x [d] into y [d]: d a multiple of 16, sign [d] of
  * +-1; y may be x (in place), otherwise the two must not overlap. */
 typedef void (*i8a_rotate_fn)(const float *x, size_t d, const float *sign, int inverse, float *y);
 
+/* The storage formats of a side (K or V) of the cache: the indices of i8a_kernels.attend. At 8
+ * bits a span's k / ks (K) and v / vs (V) are read; at 4 bits k4 and its groups (K), v4, v4_min
+ * and vs as the steps (V). */
+enum { I8A_FMT8 = 0, I8A_FMT4 = 1, I8A_FMTS = 2 };
+
+/* A tier's kernels, by name (kernels.c fills them with designated initializers). */
 typedef struct {
     const char *name;
     unsigned requires;               /* I8A_CPU_* bits the tier needs */
     i8a_quantize_row_fn quantize_row;
-    i8a_attend_fn attend;
-    i8a_attend_fn attend4;           /* a chunk with a side at 4 bits */
+    /* attend[K's format][V's format]: a chunk whose sides are in those formats (the span's
+     * fields of the other format unused); [I8A_FMT8][I8A_FMT8] is the 8/8 attend */
+    i8a_attend_fn attend[I8A_FMTS][I8A_FMTS];
     i8a_merge_fn merge;
     i8a_rotate_fn rotate;
     i8a_attend_float_fn attend_float;

@@ -21,26 +21,80 @@
 #endif
 #endif
 
+/* attend[k][v]: K's format k, V's format v (dispatch.h). */
 const i8a_kernels i8a_tiers[] = {
 #ifdef I8A_HAVE_AVX2
-    {"avx512_vnni", I8A_CPU_AVX2 | I8A_CPU_AVX512_VNNI, i8a_quantize_row_avx512_vnni,
-     i8a_attend_avx512_vnni, i8a_attend4_avx512_vnni, i8a_merge_avx512_vnni, i8a_rotate_avx512_vnni,
-     i8a_attend_float_avx512_vnni, i8a_half_row_avx512_vnni},
-    {"avx2", I8A_CPU_AVX2, i8a_quantize_row_avx2, i8a_attend_avx2, i8a_attend4_avx2, i8a_merge_avx2,
-     i8a_rotate_avx2, i8a_attend_float_avx2, i8a_half_row_avx2},
+    {
+        .name = "avx512_vnni",
+        .requires = I8A_CPU_AVX2 | I8A_CPU_AVX512_VNNI,
+        .quantize_row = i8a_quantize_row_avx512_vnni,
+        .attend = {[I8A_FMT8] = {[I8A_FMT8] = i8a_attend_avx512_vnni,
+                                 [I8A_FMT4] = i8a_attend_k8v4_avx512_vnni},
+                   [I8A_FMT4] = {[I8A_FMT8] = i8a_attend_k4v8_avx512_vnni,
+                                 [I8A_FMT4] = i8a_attend_k4v4_avx512_vnni}},
+        .merge = i8a_merge_avx512_vnni,
+        .rotate = i8a_rotate_avx512_vnni,
+        .attend_float = i8a_attend_float_avx512_vnni,
+        .half_row = i8a_half_row_avx512_vnni,
+    },
+    {
+        .name = "avx2",
+        .requires = I8A_CPU_AVX2,
+        .quantize_row = i8a_quantize_row_avx2,
+        .attend = {[I8A_FMT8] = {[I8A_FMT8] = i8a_attend_avx2,
+                                 [I8A_FMT4] = i8a_attend_k8v4_avx2},
+                   [I8A_FMT4] = {[I8A_FMT8] = i8a_attend_k4v8_avx2,
+                                 [I8A_FMT4] = i8a_attend_k4v4_avx2}},
+        .merge = i8a_merge_avx2,
+        .rotate = i8a_rotate_avx2,
+        .attend_float = i8a_attend_float_avx2,
+        .half_row = i8a_half_row_avx2,
+    },
 #endif
 #ifdef I8A_HAVE_NEON_DOTPROD
-    {"neon_dotprod", I8A_CPU_NEON | I8A_CPU_DOTPROD, i8a_quantize_row_neon,
-     i8a_attend_neon_dotprod, i8a_attend4_neon_dotprod, i8a_merge_neon, i8a_rotate_neon, i8a_attend_float_neon,
-     i8a_half_row_neon},
+    {
+        .name = "neon_dotprod",
+        .requires = I8A_CPU_NEON | I8A_CPU_DOTPROD,
+        .quantize_row = i8a_quantize_row_neon,
+        .attend = {[I8A_FMT8] = {[I8A_FMT8] = i8a_attend_neon_dotprod,
+                                 [I8A_FMT4] = i8a_attend_k8v4_neon_dotprod},
+                   [I8A_FMT4] = {[I8A_FMT8] = i8a_attend_k4v8_neon_dotprod,
+                                 [I8A_FMT4] = i8a_attend_k4v4_neon_dotprod}},
+        .merge = i8a_merge_neon,
+        .rotate = i8a_rotate_neon,
+        .attend_float = i8a_attend_float_neon,
+        .half_row = i8a_half_row_neon,
+    },
 #endif
 #ifdef I8A_HAVE_NEON
-    {"neon", I8A_CPU_NEON, i8a_quantize_row_neon, i8a_attend_neon, i8a_attend4_neon, i8a_merge_neon,
-     i8a_rotate_neon, i8a_attend_float_neon, i8a_half_row_neon},
+    {
+        .name = "neon",
+        .requires = I8A_CPU_NEON,
+        .quantize_row = i8a_quantize_row_neon,
+        .attend = {[I8A_FMT8] = {[I8A_FMT8] = i8a_attend_neon,
+                                 [I8A_FMT4] = i8a_attend_k8v4_neon},
+                   [I8A_FMT4] = {[I8A_FMT8] = i8a_attend_k4v8_neon,
+                                 [I8A_FMT4] = i8a_attend_k4v4_neon}},
+        .merge = i8a_merge_neon,
+        .rotate = i8a_rotate_neon,
+        .attend_float = i8a_attend_float_neon,
+        .half_row = i8a_half_row_neon,
+    },
 #endif
-    {"scalar", 0, i8a_quantize_row_scalar, i8a_attend_scalar, i8a_attend4_scalar, i8a_merge_scalar,
-     i8a_rotate_scalar, i8a_attend_float_scalar, i8a_half_row_scalar},
-    {NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL},
+    {
+        .name = "scalar",
+        .requires = 0,
+        .quantize_row = i8a_quantize_row_scalar,
+        .attend = {[I8A_FMT8] = {[I8A_FMT8] = i8a_attend_scalar,
+                                 [I8A_FMT4] = i8a_attend_k8v4_scalar},
+                   [I8A_FMT4] = {[I8A_FMT8] = i8a_attend_k4v8_scalar,
+                                 [I8A_FMT4] = i8a_attend_k4v4_scalar}},
+        .merge = i8a_merge_scalar,
+        .rotate = i8a_rotate_scalar,
+        .attend_float = i8a_attend_float_scalar,
+        .half_row = i8a_half_row_scalar,
+    },
+    {.name = NULL},
 };
 
 const i8a_probe i8a_probes[] = {

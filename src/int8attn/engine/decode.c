@@ -109,13 +109,14 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
             next = i8a_window_span(c, then - chunks);
         if (has_four(c))
             i8a_prefetch_four(c, &next);
+        const i8a_attend_fn attend = job->kt->attend[k_format(c)][v_format(c)];
         if (whole) {
             i8a_span span = whole_span;
             i8a_hint_next(&span, &next);
             const i8a_query q = query_at(job, g, 0, rows);
             const i8a_state st = state_at(job, g, vi, job->L.parts - 1, 0);
             I8A_EXPECT(span.n >= 1 && span.n <= I8A_CHUNK && q.nq >= 1);
-            (has_four(c) ? job->kt->attend4 : job->kt->attend)(&q, &span, scratch, &st);
+            attend(&q, &span, scratch, &st);
         } else {
             for (size_t tt = 0; tt < job->t; tt++) {
                 const visible_ranges v = i8a_visible(c, job->t, tt, job->opt);
@@ -130,7 +131,7 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
                     const i8a_query q = query_at(job, g, tt * nq, nq);
                     const i8a_state st = state_at(job, g, vi, job->L.parts == 2 ? k : 0, tt * nq);
                     I8A_EXPECT(span.n >= 1 && span.n <= I8A_CHUNK);
-                    (has_four(c) ? job->kt->attend4 : job->kt->attend)(&q, &span, scratch, &st);
+                    attend(&q, &span, scratch, &st);
                 }
             }
         }
@@ -175,7 +176,7 @@ static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t
                 return in_range(q0, d) ? 2 : 1;
             }
             const float *qrow = maybe_rotated(kt, c, c->k_sign, q0, tmp);
-            /* (K at 4 bits makes each group's planes from q_float in attend4) */
+            /* (K at 4 bits makes each group's planes from q_float in its attend) */
             if (c->k_bits == 8 && prepare_q(kt, qrow, d, opt->q_bits == 16, opt->scale,
                                             q_hi + r * d, q_lo + r * d, c_hi + r, c_lo + r,
                                             residual) != 0) {

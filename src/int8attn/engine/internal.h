@@ -138,10 +138,21 @@ static inline size_t float_start(const i8a_cache *c, size_t end)
     return w < end ? w : end;
 }
 
-/* Whether a side of the cache is at 4 bits (its chunks go to the tier's attend4). */
+/* Whether a side of the cache is at 4 bits (its attends need I8A_ATTEND4_EXTRA). */
 static inline int has_four(const i8a_cache *c)
 {
     return c->k_bits == 4 || c->v_bits == 4;
+}
+
+/* The format of each side (dispatch.h: the indices of the tier's attend[k][v]). */
+static inline int k_format(const i8a_cache *c)
+{
+    return c->k_bits == 4 ? I8A_FMT4 : I8A_FMT8;
+}
+
+static inline int v_format(const i8a_cache *c)
+{
+    return c->v_bits == 4 ? I8A_FMT4 : I8A_FMT8;
 }
 
 /* Chunks of every kv head's positions [0, len), in I8A_CHUNK steps. */

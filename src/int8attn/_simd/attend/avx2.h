@@ -1,0 +1,107 @@
+/* attend/avx2.h: attend[k][v]: one chunk of a query group, the passes above in the contract's
+ * order; the avx2 tier's, bit for bit attend/scalar.h's rule. Included only by ../avx2.h, inside
+ * the tier's target region: its pragma applies to every function here. */
+#ifndef I8A_ATTEND_AVX2_H
+#define I8A_ATTEND_AVX2_H
+
+#ifndef I8A_AVX2_H
+#error "attend/avx2.h is included by ../avx2.h only"
+#endif
+
+static void i8a_attend_avx2(const i8a_query *q, const i8a_span *kv, float *scratch,
+                            const i8a_state *out)
+{
+    const size_t d = q->d, n = kv->n, nq = q->nq;
+    /* dh lives in the second half of the scratch, dl in the first: head j's logits then
+     * overwrite its own dl element by element, each read before it is written, and its
+     * planes its dh. */
+    int32_t *dh = (int32_t *)(scratch + nq * I8A_CHUNK), *dl = (int32_t *)scratch;
+    i8a_kdots_avx2(q, kv, dh, dl);
+    for (size_t j = 0; j < nq; j++) {
+        float *p = scratch + j * I8A_CHUNK;
+        const float m = i8a_logits_avx2(dh + j * I8A_CHUNK, dl + j * I8A_CHUNK, q->c_hi[j],
+                                        q->two_planes ? q->c_lo[j] : 0.0f, q->two_planes,
+                                        q->bias[j], q->softcap, q->inv_softcap, kv->ks, n, p);
+        for (size_t s = n; s < i8a_round16(n); s++)
+            p[s] = 0.0f;
+        out->m[j] = m;
+        out->l[j] = i8a_softmax_avx2(p, n, m);
+        size_t s = 0;
+        for (; s + 8 <= n; s += 8)
+            _mm256_store_ps(p + s, _mm256_mul_ps(_mm256_load_ps(p + s), _mm256_loadu_ps(kv->vs + s)));
+        for (; s < n; s++)
+            p[s] = p[s] * kv->vs[s];
+        i8a_planes_avx2(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j));
+    }
+    size_t j = 0, pf_n = kv->next_n;   /* the first group prefetches the next chunk's V */
+    for (; j + 2 <= nq; j += 2, pf_n = 0)
+        i8a_vtiles_group_avx2(scratch, nq, j, 2, kv, d, out->o, pf_n);
+    if (j < nq)
+        i8a_vtiles_group_avx2(scratch, nq, j, 1, kv, d, out->o, pf_n);
+}
+
+/* attend4 (dispatch.h) in attend's order: K at 8 bits by attend's dots, at 4 bits group by
+ * group; the softmax, V's minima, the planes; the V pass of the side's width. */
+I8A_INLINE void i8a_attend4_body_avx2(const i8a_query *q, const i8a_span *kv, float *scratch,
+                                      const i8a_state *out, const int k4, const int v4)
+{
+    const size_t d = q->d, n = kv->n, nq = q->nq;
+    uint8_t *extra = (uint8_t *)(scratch + 2 * nq * I8A_CHUNK);
+    int32_t *dh = (int32_t *)(scratch + nq * I8A_CHUNK), *dl = (int32_t *)scratch;
+    if (!k4)
+        i8a_kdots_avx2(q, kv, dh, dl);
+    for (size_t j = 0; j < nq; j++) {
+        float *p = scratch + j * I8A_CHUNK;
+        float m;
+        if (!k4)
+            m = i8a_logits_avx2(dh + j * I8A_CHUNK, dl + j * I8A_CHUNK, q->c_hi[j],
+                                q->two_planes ? q->c_lo[j] : 0.0f, q->two_planes, q->bias[j],
+                                q->softcap, q->inv_softcap, kv->ks, n, p);
+        else if (q->two_planes)
+            m = i8a_k4_logits_avx2(q, kv, j, p, extra, I8A_K4_QPLANES);
+        else
+            m = i8a_k4_logits_avx2(q, kv, j, p, extra, 1);
+        for (size_t s = n; s < i8a_round16(n); s++)
+            p[s] = 0.0f;
+        out->m[j] = m;
+        out->l[j] = i8a_softmax_avx2(p, n, m);
+        if (v4)
+            *i8a_vmin_sum_at(scratch, nq, j) = i8a_vmin_sum_avx2(p, kv->v4_min, n);
+        size_t s = 0;
+        for (; s + 8 <= n; s += 8)
+            _mm256_store_ps(p + s, _mm256_mul_ps(_mm256_load_ps(p + s), _mm256_loadu_ps(kv->vs + s)));
+        for (; s < n; s++)
+            p[s] = p[s] * kv->vs[s];
+        i8a_planes_avx2(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j));
+    }
+    if (v4) {
+        i8a_v4pass_avx2(scratch, nq, kv, d, out->o);
+        return;
+    }
+    size_t j = 0, pf_n = kv->next_n;
+    for (; j + 2 <= nq; j += 2, pf_n = 0)
+        i8a_vtiles_group_avx2(scratch, nq, j, 2, kv, d, out->o, pf_n);
+    if (j < nq)
+        i8a_vtiles_group_avx2(scratch, nq, j, 1, kv, d, out->o, pf_n);
+}
+
+/* The three entries of attend[k][v] with a side at 4 bits: the body above, its flags constant. */
+static void i8a_attend_k8v4_avx2(const i8a_query *q, const i8a_span *kv, float *scratch,
+                                 const i8a_state *out)
+{
+    i8a_attend4_body_avx2(q, kv, scratch, out, 0, 1);
+}
+
+static void i8a_attend_k4v8_avx2(const i8a_query *q, const i8a_span *kv, float *scratch,
+                                 const i8a_state *out)
+{
+    i8a_attend4_body_avx2(q, kv, scratch, out, 1, 0);
+}
+
+static void i8a_attend_k4v4_avx2(const i8a_query *q, const i8a_span *kv, float *scratch,
+                                 const i8a_state *out)
+{
+    i8a_attend4_body_avx2(q, kv, scratch, out, 1, 1);
+}
+
+#endif

@@ -1,0 +1,115 @@
+/* k4/scalar.h: K at 4 bits: each group's q planes, the nibble dots, the logits. The rule every
+ * tier equals bit for bit (the scalar forms, in the contract's order) and the scalar tier's
+ * entries. Baseline C, no ISA attributes; common.h includes every op's scalar.h in dependency
+ * order. */
+#ifndef I8A_K4_SCALAR_H
+#define I8A_K4_SCALAR_H
+
+/* Element i of a row of nibble blocks (a K row at 4 bits). */
+static inline int32_t i8a_nib_row(const uint8_t *row, size_t i)
+{
+    const uint8_t b = row[i / I8A_NIB_BLOCK * 16 + i % 16];
+    return i % I8A_NIB_BLOCK < 16 ? b & 15 : b >> 4;
+}
+
+/* The q planes of one query row against one K group at 4 bits, qs [d] the row times the
+ * softmax scale:
+ *   step_i = half(h_step[i]) * step_scale;  q'_i = qs_i * step_i;  a = max_i |q'_i|;
+ *   a below I8A_ABSMAX_MIN: every plane 0, c_k = 0; else c_0 = a / 127, inv_0 = 127 / a, and
+ *   each plane 254 times finer than the one before: c_k = c_(k-1) / 254, inv_k = inv_(k-1) * 254;
+ *   per element, x = q'_i, then for each plane: b = clamp(rint(x * inv_k), -127, 127), the
+ *   plane's byte; x = x - float(b) * c_k (multiply, then subtract);
+ *   bias = dot16(qs, h_min) * min_scale;
+ * so that qs . k = bias + sum_i q'_i code_i, with q' within c_(planes-1) / 2 (each residual
+ * lies within half the step of its plane: 254 steps of the next cover it). Three planes with
+ * q_bits=16, not two as for K at 8 bits: q' carries each channel's step, and K's outlier
+ * channels (steps 20x the others') leave the other channels few steps of two planes (1.05e-3
+ * against the contract's 1e-3 on such K). One plane with q_bits=8. Plane k is at q + k *
+ * I8A_MAX_HEAD_DIM; r: d floats of scratch. */
+#define I8A_K4_QPLANES 3
+
+static inline void i8a_k4_scales(float a, int planes, float *c, float *inv)
+{
+    const int some = a >= I8A_ABSMAX_MIN;
+    c[0] = some ? a / 127.0f : 0.0f;
+    inv[0] = some ? 127.0f / a : 0.0f;
+    for (int k = 1; k < planes; k++) {
+        c[k] = c[k - 1] / 254.0f;
+        inv[k] = inv[k - 1] * 254.0f;
+    }
+}
+
+static inline int8_t i8a_k4_plane_byte(float x, float inv)
+{
+    float b = rintf(x * inv);
+    b = b > 127.0f ? 127.0f : b;
+    return (int8_t)(b < -127.0f ? -127.0f : b);
+}
+
+static inline void i8a_k4_query(const float *qs, const uint16_t *h_min, float min_scale,
+                                const uint16_t *h_step, float step_scale, size_t d, int planes,
+                                int8_t *q, float *c, float *bias, float *r)
+{
+    float a = 0.0f, inv[I8A_K4_QPLANES];
+    for (size_t i = 0; i < d; i++) {
+        r[i] = qs[i] * (i8a_half_value(h_step[i]) * step_scale);
+        a = fabsf(r[i]) > a ? fabsf(r[i]) : a;
+    }
+    i8a_k4_scales(a, planes, c, inv);
+    for (size_t i = 0; i < d; i++) {
+        float x = r[i];
+        for (int k = 0; k < planes; k++) {
+            const int8_t b = i8a_k4_plane_byte(x, inv[k]);
+            q[(size_t)k * I8A_MAX_HEAD_DIM + i] = b;
+            x = x - (float)b * c[k];
+        }
+    }
+    *bias = i8a_dot16_halves(qs, h_min, d) * min_scale;
+}
+
+/* A logit of K at 4 bits from its `planes` plane dots: lg = float(dot0) * c0, then lg =
+ * fma(float(dot_k), c_k, lg) for the planes after it; lg + bias; the soft cap when on (the
+ * dots are exact: |dot| <= 127 * 15 * 1024 < 2^21). */
+static inline float i8a_logit4(const int32_t *dot, const float *c, int planes, float bias,
+                               float cap, float inv_cap)
+{
+    float lg = (float)dot[0] * c[0];
+    for (int k = 1; k < planes; k++)
+        lg = fmaf((float)dot[k], c[k], lg);
+    lg = lg + bias;
+    return cap > 0.0f ? i8a_softcap(lg, cap, inv_cap) : lg;
+}
+
+/* The logits of query head j against the span's K rows at 4 bits: each group's planes
+ * (i8a_k4_query; three with q_bits=16, one with 8) against its rows' codes, exact int32 dots;
+ * p [n]; returns their max. extra: I8A_ATTEND4_EXTRA bytes. */
+static inline float i8a_logits4_scalar(const i8a_query *q, const i8a_span *kv, size_t j,
+                                       float *p, uint8_t *extra)
+{
+    const size_t d = q->d, n = kv->n;
+    int8_t *planes = (int8_t *)extra;
+    float *tmp = (float *)(extra + I8A_K4_QPLANES * I8A_MAX_HEAD_DIM);
+    float m = 0.0f;
+    size_t s = 0;
+    const int np = q->two_planes ? I8A_K4_QPLANES : 1;
+    for (size_t grp = 0; s < n; grp++) {
+        const size_t end = (grp + 1) * I8A_K4_GROUP - kv->k4_lead;
+        float c[I8A_K4_QPLANES], bias;
+        i8a_k4_query(q->q_float + j * d, kv->k4_min + grp * d, kv->k4_min_scale[grp],
+                     kv->k4_step + grp * d, kv->k4_step_scale[grp], d, np, planes, c, &bias, tmp);
+        for (; s < n && s < end; s++) {
+            const uint8_t *row = kv->k4 + s * (d / 2);
+            int32_t dot[I8A_K4_QPLANES] = {0};
+            for (size_t i = 0; i < d; i++) {
+                const int32_t code = i8a_nib_row(row, i);
+                for (int k = 0; k < np; k++)
+                    dot[k] += planes[(size_t)k * I8A_MAX_HEAD_DIM + i] * code;
+            }
+            p[s] = i8a_logit4(dot, c, np, bias, q->softcap, q->inv_softcap);
+            m = (s == 0 || p[s] > m) ? p[s] : m;
+        }
+    }
+    return m;
+}
+
+#endif

@@ -1,0 +1,144 @@
+/* kdots/avx2.h: K at 8 bits: the exact int8 dots of the q planes with K rows, and the logits; the
+ * avx2 tier's, bit for bit kdots/scalar.h's rule. Included only by ../avx2.h, inside the tier's
+ * target region: its pragma applies to every function here. */
+#ifndef I8A_KDOTS_AVX2_H
+#define I8A_KDOTS_AVX2_H
+
+#ifndef I8A_AVX2_H
+#error "kdots/avx2.h is included by ../avx2.h only"
+#endif
+
+/* acc += the int32 pair sums of a . b over 32 bytes (sign trick). */
+static inline __m256i i8a_dot32_avx2(__m256i acc, __m256i a, __m256i b)
+{
+    __m256i prod = _mm256_maddubs_epi16(_mm256_sign_epi8(b, b), _mm256_sign_epi8(a, b));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(prod, _mm256_set1_epi16(1)));
+}
+
+static inline __m128i i8a_dot16_avx2(__m128i acc, __m128i a, __m128i b)
+{
+    __m128i prod = _mm_maddubs_epi16(_mm_sign_epi8(b, b), _mm_sign_epi8(a, b));
+    return _mm_add_epi32(acc, _mm_madd_epi16(prod, _mm_set1_epi16(1)));
+}
+
+/* Dots of two q planes with one k row, k loaded once. d a multiple of 16. */
+static inline void i8a_dot2_avx2(const int8_t *qh, const int8_t *ql, const int8_t *k, size_t d,
+                                 int two, int32_t *dh, int32_t *dl)
+{
+    __m256i ah = _mm256_setzero_si256(), al = _mm256_setzero_si256();
+    size_t i = 0;
+    for (; i + 32 <= d; i += 32) {
+        __m256i kk = _mm256_loadu_si256((const __m256i *)(k + i));
+        ah = i8a_dot32_avx2(ah, _mm256_loadu_si256((const __m256i *)(qh + i)), kk);
+        if (two)
+            al = i8a_dot32_avx2(al, _mm256_loadu_si256((const __m256i *)(ql + i)), kk);
+    }
+    if (i < d) {
+        __m128i kk = _mm_loadu_si128((const __m128i *)(k + i));
+        __m128i th = i8a_dot16_avx2(_mm_setzero_si128(), _mm_loadu_si128((const __m128i *)(qh + i)), kk);
+        ah = _mm256_add_epi32(ah, _mm256_zextsi128_si256(th));
+        if (two) {
+            __m128i tl = i8a_dot16_avx2(_mm_setzero_si128(), _mm_loadu_si128((const __m128i *)(ql + i)), kk);
+            al = _mm256_add_epi32(al, _mm256_zextsi128_si256(tl));
+        }
+    }
+    *dh = i8a_hsum8_epi32_avx2(ah);
+    *dl = two ? i8a_hsum8_epi32_avx2(al) : 0;
+}
+
+/* Four row sums of four int32 accumulators: lane r of the result is the sum of acc r. */
+static inline __m128i i8a_reduce4_avx2(__m256i a0, __m256i a1, __m256i a2, __m256i a3)
+{
+    __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+    return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+/* acc += the int32 pair sums of q . k over 16 bytes, in the low 128 bits. */
+static inline __m256i i8a_dot16x_avx2(__m256i acc, const int8_t *q, const int8_t *k)
+{
+    __m128i kk = _mm_loadu_si128((const __m128i *)k);
+    __m128i t = i8a_dot16_avx2(_mm_setzero_si128(), _mm_loadu_si128((const __m128i *)q), kk);
+    return _mm256_add_epi32(acc, _mm256_zextsi128_si256(t));
+}
+
+/* Exact dots of every query head's planes with rows [0, n) of the chunk, four rows at a time:
+ * dh[j * I8A_CHUNK + s], dl[...] (dl only with two planes). The k rows of a group stay in L1
+ * while each head of the group passes over them. */
+static inline void i8a_kdots_avx2(const i8a_query *q, const i8a_span *kv, int32_t *dh, int32_t *dl)
+{
+    const size_t d = q->d, n = kv->n;
+    const int two = q->two_planes;
+    size_t s = 0;
+    for (; s + 4 <= n; s += 4) {
+        if (s < kv->next_n) /* the next chunk's K, one group of rows per group */
+            i8a_prefetch_rows(kv->next_k + s * d, (kv->next_n - s < 4 ? kv->next_n - s : 4) * d);
+        const int8_t *k = kv->k + s * d;
+        for (size_t j = 0; j < q->nq; j++) {
+            const int8_t *qh = q->q_hi + j * d, *ql = q->q_lo + j * d;
+            __m256i h0 = _mm256_setzero_si256(), h1 = h0, h2 = h0, h3 = h0;
+            __m256i l0 = h0, l1 = h0, l2 = h0, l3 = h0;
+            size_t i = 0;
+            for (; i + 32 <= d; i += 32) {
+                __m256i a = _mm256_loadu_si256((const __m256i *)(qh + i));
+                h0 = i8a_dot32_avx2(h0, a, _mm256_loadu_si256((const __m256i *)(k + i)));
+                h1 = i8a_dot32_avx2(h1, a, _mm256_loadu_si256((const __m256i *)(k + d + i)));
+                h2 = i8a_dot32_avx2(h2, a, _mm256_loadu_si256((const __m256i *)(k + 2 * d + i)));
+                h3 = i8a_dot32_avx2(h3, a, _mm256_loadu_si256((const __m256i *)(k + 3 * d + i)));
+                if (two) {
+                    __m256i b = _mm256_loadu_si256((const __m256i *)(ql + i));
+                    l0 = i8a_dot32_avx2(l0, b, _mm256_loadu_si256((const __m256i *)(k + i)));
+                    l1 = i8a_dot32_avx2(l1, b, _mm256_loadu_si256((const __m256i *)(k + d + i)));
+                    l2 = i8a_dot32_avx2(l2, b, _mm256_loadu_si256((const __m256i *)(k + 2 * d + i)));
+                    l3 = i8a_dot32_avx2(l3, b, _mm256_loadu_si256((const __m256i *)(k + 3 * d + i)));
+                }
+            }
+            if (i < d) {
+                h0 = i8a_dot16x_avx2(h0, qh + i, k + i);
+                h1 = i8a_dot16x_avx2(h1, qh + i, k + d + i);
+                h2 = i8a_dot16x_avx2(h2, qh + i, k + 2 * d + i);
+                h3 = i8a_dot16x_avx2(h3, qh + i, k + 3 * d + i);
+                if (two) {
+                    l0 = i8a_dot16x_avx2(l0, ql + i, k + i);
+                    l1 = i8a_dot16x_avx2(l1, ql + i, k + d + i);
+                    l2 = i8a_dot16x_avx2(l2, ql + i, k + 2 * d + i);
+                    l3 = i8a_dot16x_avx2(l3, ql + i, k + 3 * d + i);
+                }
+            }
+            _mm_store_si128((__m128i *)(dh + j * I8A_CHUNK + s), i8a_reduce4_avx2(h0, h1, h2, h3));
+            if (two)
+                _mm_store_si128((__m128i *)(dl + j * I8A_CHUNK + s), i8a_reduce4_avx2(l0, l1, l2, l3));
+        }
+    }
+    for (; s < n; s++)
+        for (size_t j = 0; j < q->nq; j++)
+            i8a_dot2_avx2(q->q_hi + j * d, q->q_lo + j * d, kv->k + s * d, d, two,
+                          dh + j * I8A_CHUNK + s, dl + j * I8A_CHUNK + s);
+}
+
+/* p[s] = i8a_logit_capped(dh[s], dl[s], ...) for s < n, eight at a time; returns max_s p[s]. */
+static inline float i8a_logits_avx2(const int32_t *dh, const int32_t *dl, float c_hi, float c_lo,
+                                    int two, float bias, float cap, float inv_cap, const float *ks,
+                                    size_t n, float *p)
+{
+    const __m256 ch = _mm256_set1_ps(c_hi), cl = _mm256_set1_ps(c_lo), vb = _mm256_set1_ps(bias);
+    __m256 vmax = _mm256_set1_ps(-FLT_MAX);
+    size_t s = 0;
+    for (; s + 8 <= n; s += 8) {
+        __m256 lg = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_load_si256((const __m256i *)(dh + s))), ch);
+        if (two)
+            lg = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_load_si256((const __m256i *)(dl + s))), cl, lg);
+        lg = _mm256_add_ps(_mm256_mul_ps(lg, _mm256_loadu_ps(ks + s)), vb);
+        if (cap > 0.0f)
+            lg = i8a_softcap8_avx2(lg, cap, inv_cap);
+        _mm256_store_ps(p + s, lg);
+        vmax = _mm256_max_ps(vmax, lg);
+    }
+    float m = i8a_hmax8_avx2(vmax);
+    for (; s < n; s++) {
+        p[s] = i8a_logit_capped(dh[s], two ? dl[s] : 0, c_hi, c_lo, two, ks[s], bias, cap, inv_cap);
+        m = p[s] > m ? p[s] : m;
+    }
+    return m;
+}
+
+#endif

@@ -1,0 +1,47 @@
+/* v4/scalar.h: V at 4 bits: the planes' sums over tiles of nibbles, and V's minima. The rule
+ * every tier equals bit for bit (the scalar forms, in the contract's order) and the scalar tier's
+ * entries. Baseline C, no ISA attributes; common.h includes every op's scalar.h in dependency
+ * order. */
+#ifndef I8A_V4_SCALAR_H
+#define I8A_V4_SCALAR_H
+
+/* Dimension i of slot r of a V tile at 4 bits. */
+static inline int32_t i8a_nib_tile(const uint8_t *tile, size_t i, size_t r)
+{
+    const uint8_t b = tile[i / I8A_NIB_BLOCK * 64 + i % 16 * I8A_V_TILE + r];
+    return i % I8A_NIB_BLOCK < 16 ? b & 15 : b >> 4;
+}
+
+/* Where attend4 keeps head j's sum of p * vmin (V at 4 bits): after its planes' scales. */
+static inline float *i8a_vmin_sum_at(float *scratch, size_t nq, size_t j)
+{
+    return (float *)(i8a_planes_at(scratch, nq, j) + I8A_WPLANES * (I8A_PLANE_BYTES + 4));
+}
+
+/* The integer V pass at 4 bits of heads [0, nq): the planes' sums over the span's tiles of
+ * codes, then o = i8a_v_out(S) + sum_s p_s vmin_s (the head's vmin sum, in the 16-lane order of
+ * the softmax sum). */
+static inline void i8a_vpass4_scalar(float *scratch, size_t nq, const i8a_span *kv, size_t d,
+                                     float *o)
+{
+    const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n);
+    for (size_t j = 0; j < nq; j++) {
+        const uint8_t *slot = i8a_planes_at(scratch, nq, j);
+        const float vmin = *i8a_vmin_sum_at(scratch, nq, j);
+        float sc[I8A_WPLANES];
+        i8a_planes_scales(slot, sc);
+        for (size_t i = 0; i < d; i++) {
+            int32_t S[I8A_WPLANES] = {0};
+            for (size_t t = 0; t < tiles; t++) {
+                const uint8_t *tile = kv->v4 + t * 2 * d;
+                for (size_t r = 0; r < I8A_V_TILE; r++)
+                    for (int k = 0; k < I8A_WPLANES; k++)
+                        S[k] += (int32_t)slot[k * I8A_PLANE_BYTES + t * I8A_V_TILE + r]
+                                * i8a_nib_tile(tile, i, r);
+            }
+            o[j * d + i] = i8a_v_out(S, sc) + vmin;
+        }
+    }
+}
+
+#endif

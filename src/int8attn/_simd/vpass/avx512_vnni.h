@@ -1,0 +1,85 @@
+/* vpass/avx512_vnni.h: the integer V pass at 8 bits: the planes' sums over V tiles, then o; the
+ * avx512_vnni tier's, bit for bit vpass/scalar.h's rule. Included only by ../avx512_vnni.h,
+ * inside the tier's target region: its pragma applies to every function here. */
+#ifndef I8A_VPASS_AVX512_VNNI_H
+#define I8A_VPASS_AVX512_VNNI_H
+
+#ifndef I8A_AVX512_VNNI_H
+#error "vpass/avx512_vnni.h is included by ../avx512_vnni.h only"
+#endif
+
+/* One plane byte group (4 positions of a tile) of a head, broadcast to every 32-bit lane. */
+static inline __m512i i8a_pword_avx512_vnni(const uint8_t *plane, size_t t)
+{
+    int32_t x;
+    memcpy(&x, plane + I8A_V_TILE * t, sizeof x);
+    return _mm512_set1_epi32(x);
+}
+
+/* The integer V pass (planes/scalar.h) of NH heads over dims [i0, i0 + 16 nb): per tile, one
+ * vpdpbusd per plane, head and 16 dims (P bytes unsigned, V codes signed: each lane sums the
+ * tile's 4 positions of one dimension), then o from the three sums. The first block prefetches
+ * pf_n rows of pf (the next chunk's V). NH and NB are constants at every call. */
+I8A_INLINE void
+i8a_vtiles_block_avx512_vnni(const uint8_t *const *planes, int nh, int nb, const int8_t *v,
+                             size_t tiles, size_t d, size_t i0, float *o, const int8_t *pf,
+                             size_t pf_n)
+{
+    __m512i acc[4][I8A_WPLANES][8];
+#pragma GCC unroll 8
+    for (int h = 0; h < nh; h++)
+#pragma GCC unroll 8
+        for (int k = 0; k < I8A_WPLANES; k++)
+#pragma GCC unroll 8
+            for (int b = 0; b < nb; b++)
+                acc[h][k][b] = _mm512_setzero_si512();
+    for (size_t t = 0; t < tiles; t++) {
+        if (I8A_V_TILE * t < pf_n)
+            i8a_prefetch_rows(pf + I8A_V_TILE * t * d, I8A_V_TILE * d);
+        const int8_t *x = v + (t * d + i0) * I8A_V_TILE;
+        /* one plane word at a time in a register, V as the memory operand (VNNI's signed
+         * one): 3 NH NB accumulators and one broadcast live */
+#pragma GCC unroll 8
+        for (int h = 0; h < nh; h++)
+#pragma GCC unroll 8
+            for (int k = 0; k < I8A_WPLANES; k++) {
+                const __m512i pw = i8a_pword_avx512_vnni(planes[h] + k * I8A_PLANE_BYTES, t);
+#pragma GCC unroll 8
+                for (int b = 0; b < nb; b++)
+                    acc[h][k][b] = _mm512_dpbusd_epi32(
+                        acc[h][k][b], pw, _mm512_loadu_si512((const void *)(x + 64 * b)));
+            }
+    }
+#pragma GCC unroll 8
+    for (int h = 0; h < nh; h++) {
+        float sc[I8A_WPLANES];
+        i8a_planes_scales(planes[h], sc);
+#pragma GCC unroll 8
+        for (int b = 0; b < nb; b++) {
+            __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[h][0][b]), _mm512_set1_ps(sc[0]));
+#pragma GCC unroll 8
+            for (int k = 1; k < I8A_WPLANES; k++)
+                y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[h][k][b]), _mm512_set1_ps(sc[k]), y);
+            _mm512_storeu_ps(o + h * d + i0 + 16 * b, y);
+        }
+    }
+}
+
+/* The V pass of heads [j, j + NH): blocks of 3 NH NB <= 12 accumulators (GCC 12 spills
+ * beyond about 16 of them in this loop), then single vectors for the rest of d. */
+I8A_INLINE void i8a_vtiles_group_avx512_vnni(float *scratch, size_t nq, size_t j, int nh,
+                                             const i8a_span *kv, size_t d, float *o, size_t pf_n)
+{
+    const uint8_t *planes[4];
+    for (int h = 0; h < nh; h++)
+        planes[h] = i8a_planes_at(scratch, nq, j + (size_t)h);
+    const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n);
+    const int nb = nh == 1 ? 4 : nh == 2 ? 2 : 1;
+    size_t i = 0;
+    for (; i + 16 * (size_t)nb <= d; i += 16 * (size_t)nb, pf_n = 0)
+        i8a_vtiles_block_avx512_vnni(planes, nh, nb, kv->v, tiles, d, i, o + j * d, kv->next_v, pf_n);
+    for (; i < d; i += 16, pf_n = 0)
+        i8a_vtiles_block_avx512_vnni(planes, nh, 1, kv->v, tiles, d, i, o + j * d, kv->next_v, pf_n);
+}
+
+#endif
