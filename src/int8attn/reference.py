@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-# Rows whose absmax is below this store as zeros with scale 0 (2^-100; see _simd/common.h).
+# Rows whose absmax is below this store as zeros with scale 0 (2^-100; _simd/quantize/scalar.h).
 ABSMAX_MIN = np.float32(2.0**-100)
 
 
@@ -175,7 +175,7 @@ def attention(q, k, v, *, scale=None, window=None, sinks=0, softcap=None):
     return out[0] if single else out
 
 
-# The smallest exponent of a window row's scale (I8A_HALF_EXP_MIN in _simd/common.h).
+# The smallest exponent of a window row's scale (I8A_HALF_EXP_MIN in _simd/half_row/scalar.h).
 HALF_EXP_MIN = -100
 
 
@@ -209,8 +209,8 @@ def window_rows(cache):
     return k[len(k) - n:], v[len(v) - n:]
 
 
-# The contract's softmax chunk (I8A_CHUNK) and the weights' integer planes (I8A_WPLANES): see
-# _simd/common.h.
+# The contract's softmax chunk (I8A_CHUNK, _simd/dispatch.h) and the weights' integer planes
+# (I8A_WPLANES, _simd/planes/scalar.h).
 CHUNK = 256
 WEIGHT_PLANES = 3
 

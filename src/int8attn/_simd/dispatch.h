@@ -42,7 +42,7 @@ typedef struct {
     const int8_t *q_hi;  /* [nq][d] */
     const int8_t *q_lo;  /* [nq][d], read only when two_planes */
     const float *c_hi;   /* [nq] plane scale * softmax scale */
-    const float *c_lo;   /* [nq], read only when two_planes */
+    const float *c_lo;   /* [nq] (0 when !two_planes: it may be read, it adds nothing) */
     float softcap;       /* > 0: logits become softcap * tanh(logit / softcap); 0: off */
     float inv_softcap;   /* 1 / softcap */
     const float *bias;   /* [nq] added to every logit of the row before the soft cap: the
