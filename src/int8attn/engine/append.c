@@ -4,22 +4,6 @@
 
 #include <string.h>
 
-const float *i8a_row_at(const row_source *src, size_t pos, size_t g, float *tmp)
-{
-    const i8a_cache *c = src->c;
-    const size_t d = c->head_dim;
-    if (pos < src->x_from) {
-        widen_row(c, src->ring, src->ring_scale, g, slot_of(c, pos), tmp);
-        return tmp;
-    }
-    const float *x = src->x + ((pos - src->x_from) * c->n_kv_heads + g) * d;
-    if (!c->recent || pos == 0 || pos > c->recent)
-        return x;
-    uint16_t h[I8A_MAX_HEAD_DIM];
-    widen(h, src->kt->half_row(x, d, h), d, tmp);
-    return tmp;
-}
-
 /* K at 4 bits: position pos of kv head g as its group is coded from it: the append's row
  * rounded as the ring rounds it (so the codes do not depend on how appends were split), the
  * ring's row, or (its floats gone after a truncate deeper than the ring) its codes' value. tmp

@@ -16,7 +16,7 @@
  *   probe.c   the benchmarks' bandwidth probe
  *
  * Calls go down: decode -> plan, span, merge -> store; append -> center -> store; probe -> span;
- * state -> store.
+ * state -> store. (i8a_row_at, which rows an append codes from, is in store.c: center reads it.)
  * Each file's definitions carry their comments here when another file calls them. */
 #ifndef I8A_ENGINE_INTERNAL_H
 #define I8A_ENGINE_INTERNAL_H
@@ -178,7 +178,7 @@ void i8a_v4_store(const i8a_cache *c, size_t g, size_t pos, const float *y);
  * minima and steps, halves times their powers of two; multiply, then add). */
 void i8a_k4_value(const i8a_cache *c, size_t g, size_t pos, float *y);
 
-/* -- append (append.c, center.c) ------------------------------------------------------------ */
+/* -- append (append.c, center.c; the rows an append codes from, in store.c) ------------------ */
 
 /* Where the rows of one side (K or V) of a position are during an append: the append's own
  * rows x [.][hkv][d] for positions from x_from on, the ring (halves and scales) before. */

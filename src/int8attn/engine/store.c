@@ -123,6 +123,22 @@ void i8a_tile_rows(const int8_t *rows, size_t n, size_t d, size_t lead, int8_t *
     }
 }
 
+const float *i8a_row_at(const row_source *src, size_t pos, size_t g, float *tmp)
+{
+    const i8a_cache *c = src->c;
+    const size_t d = c->head_dim;
+    if (pos < src->x_from) {
+        widen_row(c, src->ring, src->ring_scale, g, slot_of(c, pos), tmp);
+        return tmp;
+    }
+    const float *x = src->x + ((pos - src->x_from) * c->n_kv_heads + g) * d;
+    if (!c->recent || pos == 0 || pos > c->recent)
+        return x;
+    uint16_t h[I8A_MAX_HEAD_DIM];
+    widen(h, src->kt->half_row(x, d, h), d, tmp);
+    return tmp;
+}
+
 void i8a_v_put(const i8a_cache *c, size_t g, size_t pos, const int8_t *codes)
 {
     int8_t *t = v_tile(c, g, pos) + pos % I8A_V_TILE;
