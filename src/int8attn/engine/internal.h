@@ -138,6 +138,13 @@ static inline size_t float_start(const i8a_cache *c, size_t end)
     return w < end ? w : end;
 }
 
+/* The first position decode reads from the recent window (i8a_window_start, inline here: every
+ * chunk item asks). */
+static inline size_t window_start(const i8a_cache *c)
+{
+    return float_start(c, c->length);
+}
+
 /* Whether a side of the cache is at 4 bits (its attends need I8A_ATTEND4_EXTRA). */
 static inline int has_four(const i8a_cache *c)
 {
@@ -231,7 +238,10 @@ visible_ranges i8a_visible(const i8a_cache *c, size_t t, size_t tt, const i8a_op
 i8a_chunk_runs i8a_visible_chunks(const i8a_cache *c, size_t t, const i8a_options *opt);
 
 /* The vi-th visible chunk. */
-size_t i8a_visible_chunk(const i8a_chunk_runs *runs, size_t vi);
+static inline size_t i8a_visible_chunk(const i8a_chunk_runs *runs, size_t vi)
+{
+    return vi < runs->count[0] ? runs->begin[0] + vi : runs->begin[1] + (vi - runs->count[0]);
+}
 
 /* The work of a decode of t queries of h heads that reads `items` (kv head, chunk) items, in
  * units of I8A_ROWS_PER_THREAD per thread. */
@@ -258,7 +268,11 @@ void i8a_hint_next(i8a_span *span, const i8a_span *next);
 void i8a_prefetch_four(const i8a_cache *c, const i8a_span *next);
 
 /* The first coded position of chunk `chunk`. */
-size_t i8a_chunk_start(const i8a_cache *c, size_t chunk);
+static inline size_t i8a_chunk_start(const i8a_cache *c, size_t chunk)
+{
+    const size_t c0 = chunk * I8A_CHUNK;
+    return c0 > coded_from(c) ? c0 : coded_from(c);
+}
 
 /* Chunk `chunk` of kv head g as a span of its coded positions below `end`. */
 i8a_span i8a_chunk_span_to(const i8a_cache *c, size_t g, size_t chunk, size_t end);

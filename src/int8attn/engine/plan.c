@@ -10,7 +10,7 @@ static size_t align64(size_t n)
 
 size_t i8a_window_start(const i8a_cache *c)
 {
-    return float_start(c, c->length);
+    return window_start(c);
 }
 
 static size_t clip(size_t x, size_t lo, size_t hi)
@@ -47,7 +47,7 @@ i8a_chunk_runs i8a_visible_chunks(const i8a_cache *c, size_t t, const i8a_option
         runs.count[0] = (vl.sink_end - 1) / I8A_CHUNK + 1 - runs.begin[0];
         k = 1;
     }
-    const size_t fw = i8a_window_start(c);
+    const size_t fw = window_start(c);
     if (v0.win_begin < fw) {
         size_t b = v0.win_begin / I8A_CHUNK, e = (fw - 1) / I8A_CHUNK + 1;
         if (k && b <= runs.begin[0] + runs.count[0]) {      /* meets the sinks' run: one run */
@@ -58,11 +58,6 @@ i8a_chunk_runs i8a_visible_chunks(const i8a_cache *c, size_t t, const i8a_option
         }
     }
     return runs;
-}
-
-size_t i8a_visible_chunk(const i8a_chunk_runs *runs, size_t vi)
-{
-    return vi < runs->count[0] ? runs->begin[0] + vi : runs->begin[1] + (vi - runs->count[0]);
 }
 
 /* Work per thread below which another thread costs more than it saves, in kv rows of 128

@@ -48,12 +48,6 @@ void i8a_prefetch_four(const i8a_cache *c, const i8a_span *next)
     }
 }
 
-size_t i8a_chunk_start(const i8a_cache *c, size_t chunk)
-{
-    const size_t c0 = chunk * I8A_CHUNK;
-    return c0 > coded_from(c) ? c0 : coded_from(c);
-}
-
 i8a_span i8a_chunk_span_to(const i8a_cache *c, size_t g, size_t chunk, size_t end)
 {
     const size_t c1 = chunk * I8A_CHUNK + I8A_CHUNK;
@@ -62,13 +56,13 @@ i8a_span i8a_chunk_span_to(const i8a_cache *c, size_t g, size_t chunk, size_t en
 
 i8a_span i8a_chunk_span(const i8a_cache *c, size_t g, size_t chunk)
 {
-    return i8a_chunk_span_to(c, g, chunk, i8a_window_start(c));
+    return i8a_chunk_span_to(c, g, chunk, window_start(c));
 }
 
 i8a_span i8a_window_span(const i8a_cache *c, size_t g)
 {
     i8a_span span = {0};
-    const size_t fw = i8a_window_start(c), d = c->head_dim;
+    const size_t fw = window_start(c), d = c->head_dim;
     if (fw >= c->length)
         return span;
     const size_t s = slot_of(c, fw), n = c->length - fw;

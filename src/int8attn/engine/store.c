@@ -272,7 +272,7 @@ static void dequantize_row(const i8a_kernels *kt, const i8a_cache *c, size_t g, 
 
 void i8a_dequantize(const i8a_kernels *kt, const i8a_cache *c, float *k, float *v)
 {
-    const size_t d = c->head_dim, hkv = c->n_kv_heads, fw = i8a_window_start(c);
+    const size_t d = c->head_dim, hkv = c->n_kv_heads, fw = window_start(c);
     const int off = has_offsets(c);
     for (size_t pos = 0; pos < c->length; pos++) {
         if (pos >= fw) {                /* the window: its halves, scaled */
@@ -301,7 +301,7 @@ void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n)
     if (n == 0)
         return;
     if (c->k_first && keep > 0) {   /* position n, as decode read it, becomes the float row */
-        if (n >= i8a_window_start(c)) {
+        if (n >= window_start(c)) {
             for (size_t g = 0; g < hkv; g++) {
                 widen_row(c, c->k_recent, c->k_rscale, g, slot_of(c, n), c->k_first + g * d);
                 widen_row(c, c->v_recent, c->v_rscale, g, slot_of(c, n), c->v_first + g * d);
