@@ -10,7 +10,7 @@ Int8KVCache (``_args.constructor``: the arguments, ``ARGS``), the loader of a st
 ``named_format(kv_format)``). ``resolve`` checks a complete set of options in the constructor's
 order; the loader calls the single rules between its checks of the arrays, in its own order.
 
-The C engine keeps its own preconditions on the same rules (``_engine.c``): these are the ones
+The C engine keeps its own preconditions on the same rules (``engine/``): these are the ones
 the Python side checks first, with messages that name the argument.
 """
 
