@@ -18,6 +18,7 @@ import numpy as np
 
 from . import _args
 from . import _format as F
+from . import _rules
 from . import _state
 from . import _tiers
 
@@ -155,8 +156,8 @@ cdef class _Store:
         self._sign = None
         if o.rotate:
             self._sign = np.empty((1, o.head_dim), np.float32)
-            i8a_rotation_signs(o.rotation_seed, o.head_dim, _data(self._sign))
-        i8a_store_bind(&self._c, &f, mem, _data(self._sign) if o.rotate else NULL)
+            i8a_rotation_signs(o.rotation_seed, o.head_dim, <float *>_ptr(self._sign))
+        i8a_store_bind(&self._c, &f, mem, <float *>_ptr(self._sign))
         self._busy = 0
         self.k_bits, self.v_bits = o.k_bits, o.v_bits
         self.rotate, self.rotation_seed = o.rotate, o.rotation_seed
@@ -216,9 +217,12 @@ cdef class _Store:
     def _leave(self):
         i8a_release(&self._busy)
 
-    cdef _held(self):
+    cdef _held(self, size_t tokens=0):
+        """The busy flag is held (_enter), and `tokens` (a count to keep or forget) fits."""
         if not i8a_is_taken(&self._busy):
             raise RuntimeError("the cache's busy flag must be held (_enter) for this call")
+        if tokens > self._c.length:
+            raise ValueError(f"n must be at most len(cache)={self._c.length}, got {tokens}")
 
     def _append(self, ka, va):
         """Append k, v [T, Hkv, D] (aligned C-contiguous float32, T >= 1, fitting)."""
@@ -241,15 +245,12 @@ cdef class _Store:
                              + "; nothing was appended")
 
     def _truncate(self, size_t n):
-        self._held()
-        if n > self._c.length:
-            raise ValueError(f"n must be at most len(cache)={self._c.length}, got {n}")
+        self._held(n)
         i8a_truncate(i8a_load_tier(&_kt), &self._c, n)
 
     def _evict(self, size_t n):
-        self._held()
-        if n > self._c.length or (self.k_bits == 4 and n % I8A_K4_GROUP):
-            raise ValueError(f"n={n} cannot be evicted from this cache (see evict)")
+        self._held(n)
+        _rules.check_evict(n, self.k_bits)
         i8a_evict(i8a_load_tier(&_kt), &self._c, n)
 
     def _dequantize(self):
@@ -286,8 +287,8 @@ cdef class _Store:
         want = _state.shapes_of(self._c.n_kv_heads, length, self._c.head_dim, held)
         if (self._c.length or length > self._c.max_seq or held > min(length, self._c.ring)
                 or any(k not in a or (a[k].dtype, a[k].shape) != want[k]
-                       for k in _state.needs(self.k_bits, self.v_bits, self.keep_first,
-                                             self.center))):
+                       for k in _state.fields(self.k_bits, self.v_bits, self.keep_first,
+                                              self.center))):
             raise ValueError("_import: the arrays do not fit this empty cache (see load)")
         _point(&r, a)
         r.length, r.held, r.offsets_set = length, held, offsets_set
@@ -323,11 +324,10 @@ def _decode(list seq, qa, out, float scale, int q_bits, size_t window, size_t si
     if nb > 1:                                # (the pointers in an array the call keeps)
         ptrs = np.array([<size_t>&(<_Store>c)._c for c in seq], np.uintp)
         cs = <i8a_cache **>_ptr(ptrs)
-    cdef const i8a_kernels *kt = i8a_load_tier(&_kt)
-    cdef size_t threads = i8a_load_size(&_threads)
     cdef int rc
     with nogil:
-        rc = i8a_decode_batch(kt, cs, nb, &qmv[0], t, h, &opt, threads, &omv[0], &bad)
+        rc = i8a_decode_batch(i8a_load_tier(&_kt), cs, nb, &qmv[0], t, h, &opt,
+                              i8a_load_size(&_threads), &omv[0], &bad)
     if rc == 3:
         raise MemoryError("decode could not allocate its workspace")
     if rc != 0 and not batch:
@@ -446,5 +446,5 @@ def _rotate(x, sign, inverse=False):
 def _rotation_signs(d, seed):
     """The engine's rotation signs [d] float32 for seed (the reference draws them independently)."""
     out = np.empty((1, _args.int_from(d, "d", 1)), np.float32)
-    i8a_rotation_signs(_args.as_int(seed, "seed"), out.shape[1], _data(out))
+    i8a_rotation_signs(_args.as_int(seed, "seed"), out.shape[1], <float *>_ptr(out))
     return out[0]

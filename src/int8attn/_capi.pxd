@@ -153,12 +153,6 @@ cdef extern from "_pool.h" nogil:
 
 # -- numpy arrays into the structs above ------------------------------------------------------
 
-cdef inline float *_data(object arr):
-    """The first float of a C-contiguous [n, m] float32 array (which its owner keeps alive)."""
-    cdef float[:, ::1] m = arr
-    return &m[0, 0]
-
-
 cdef inline void *_ptr(a):
     """The data of a C-contiguous numpy array (its owner keeps it alive); NULL for None."""
     return NULL if a is None else <void *><size_t>a.ctypes.data

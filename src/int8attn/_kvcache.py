@@ -8,7 +8,6 @@ they return. Public names are re-exported by ``int8attn``."""
 from . import _args
 from . import _cache
 from . import _format
-from . import _rules
 from . import _state
 
 for _name, _c_value in _cache._C_LIMITS.items():         # the C limits are _format's
@@ -211,9 +210,7 @@ class KVCache(_cache._Store):
         0 <= n <= len(cache); with k_bits=4 a multiple of 32 (K's groups stay whole)."""
         self._enter()
         try:
-            n = self._tokens(n)
-            _rules.check_evict(n, self.k_bits)
-            self._evict(n)
+            self._evict(self._tokens(n))         # (the store checks K's whole groups)
         finally:
             self._leave()
 

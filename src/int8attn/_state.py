@@ -49,16 +49,17 @@ def shapes_of(hkv, n, d, held=0):
             "v_recent": (np.float32, (held, hkv, d))}
 
 
-def fields(k_bits, v_bits):
+def float_rows(keep_first, center):
+    """The float rows a cache of these options holds: position 0 with keep_first, the offsets
+    with center."""
+    return (_FLOAT_ROWS[:2] if keep_first else ()) + (_FLOAT_ROWS[2:] if center else ())
+
+
+def fields(k_bits, v_bits, keep_first=True, center=True):
     """The arrays a state of this format holds beside its settings: each side's codes and scales
-    (_SIDE), the float rows and the recent window's rows."""
-    return (*_SIDE["k", k_bits], *_SIDE["v", v_bits], *_FLOAT_ROWS, "k_recent", "v_recent")
-
-
-def needs(k_bits, v_bits, keep_first, center):
-    """The arrays a cache of this format loads from (``fields`` but the float rows it lacks)."""
-    return (*_SIDE["k", k_bits], *_SIDE["v", v_bits],
-            *(_FLOAT_ROWS[:2] if keep_first else ()), *(_FLOAT_ROWS[2:] if center else ()),
+    (_SIDE), the float rows (a saved state has all four, zeros where the cache has none; a
+    cache loads those its options need) and the recent window's rows."""
+    return (*_SIDE["k", k_bits], *_SIDE["v", v_bits], *float_rows(keep_first, center),
             "k_recent", "v_recent")
 
 
@@ -166,7 +167,7 @@ def check(state, max_seq):
     keep_first = version >= 2 and _scalar(state, "keep_first", "bool", False)
     center = version >= 2 and _scalar(state, "center", "bool", False)
     R.check_center(keep_first, center, bits["k"], bits["v"], R.STATE)
-    need = (_FLOAT_ROWS[:2] if keep_first else ()) + (_FLOAT_ROWS[2:] if center else ())
+    need = float_rows(keep_first, center)
     lacking = [k for k in need if k not in state]
     if lacking:
         raise ValueError(f"state lacks {', '.join(lacking)}, which its keep_first/center need")

@@ -141,9 +141,7 @@ const float *i8a_row_at(const row_source *src, size_t pos, size_t g, float *tmp)
 
 void i8a_v_put(const i8a_cache *c, size_t g, size_t pos, const int8_t *codes)
 {
-    int8_t *t = v_tile(c, g, pos) + pos % I8A_V_TILE;
-    for (size_t i = 0; i < c->head_dim; i++)
-        t[i * I8A_V_TILE] = codes[i];
+    i8a_tile_rows(codes, 1, c->head_dim, pos % I8A_V_TILE, v_tile(c, g, pos));
 }
 
 void i8a_v_get(const i8a_cache *c, size_t g, size_t pos, int8_t *codes)
