@@ -283,17 +283,25 @@ def test_no_memory_growth_over_many_appends_and_decodes(tier):
     gc.collect()
     linux = sys.platform.startswith("linux")
     rss = _rss_bytes() if linux else 0
+    # A leak grows the traced memory in every window of calls; a bounded pool filling up once
+    # (an allocator's free list, numpy's small-array caches, a free-threaded build's delayed
+    # frees) grows it in one window and not the next. So: up to three windows of 300 cycles
+    # (37 calls each), and one of them must stay under 16 kB (a leak of 55 bytes a cycle fails).
     tracemalloc.start()
+    grown = []
     try:
         cycle(20)
-        gc.collect()
-        traced = tracemalloc.get_traced_memory()[0]
-        cycle(300)
-        gc.collect()
-        grown = tracemalloc.get_traced_memory()[0] - traced
+        for _ in range(3):
+            gc.collect()
+            traced = tracemalloc.get_traced_memory()[0]
+            cycle(300)
+            gc.collect()
+            grown.append(tracemalloc.get_traced_memory()[0] - traced)
+            if grown[-1] < 16 * 1024:
+                break
     finally:
         tracemalloc.stop()
-    assert grown < 16 * 1024
+    assert min(grown) < 16 * 1024, f"traced memory grew in every window of 300 cycles: {grown}"
     # untraced memory (a C buffer per call, e.g. the decode scratch of ~11 kB) would show here;
     # not under AddressSanitizer, whose quarantine holds freed memory back by design (the
     # sanitizer lane's C cross-check runs LeakSanitizer instead)
