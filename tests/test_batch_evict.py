@@ -22,7 +22,7 @@ BATCH_CASES = [
     dict(lengths=(300, 301, 557), hkv=2, h=6, d=64, t=1, opts={}),
     dict(lengths=(40, 700), hkv=1, h=8, d=128, t=7, opts=dict(window=90, softcap=30.0)),
     dict(lengths=(513, 257, 1, 260), hkv=3, h=3, d=32, t=1, opts=dict(window=200, sinks=4)),
-    dict(lengths=(129,) * 3, hkv=2, h=4, d=48, t=129, opts=dict(q_bits=8)),
+    dict(lengths=(129,) * 3, hkv=2, h=4, d=48, t=65, opts=dict(q_bits=8)),   # T = R + 1
 ]
 
 

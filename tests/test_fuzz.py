@@ -28,6 +28,7 @@ from hypothesis import strategies as st                                         
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule  # noqa: E402
 
 import int8attn as ia                                                           # noqa: E402
+from int8attn import _rules                                                     # noqa: E402
 from conftest import (EMULATED, assert_same_state, assert_tiers_agree, each_tier,  # noqa: E402
                       attention_over_history, snapshot)
 
@@ -193,9 +194,15 @@ class CacheMachine(RuleBasedStateMachine):
                                 "decode")
             return
         bad = self.bad(data, ["q", "scale", "q*scale", "softcap", "q_bits", "window", "T"])
-        t = data.draw(st.integers(1, min(self.length, 4)), label="T")
+        most = _rules.decode_queries_max(self.cache.recent, self.cap, self.length)
+        if data.draw(st.booleans(), label="long T?"):   # up to several times the window
+            t = data.draw(st.integers(1, min(self.length, 3 * self.cache.recent + 3)), label="T")
+        else:
+            t = data.draw(st.integers(1, min(self.length, 4)), label="T")
         if bad == "T":
             t = self.length + 1
+        elif t > most:                      # its first queries' windows have left the ring
+            bad = "T past the ring"
         h = self.hkv * data.draw(st.integers(1, 3), label="group")
         shape = (h, self.d) if t == 1 and data.draw(st.booleans(), label="as [H, D]") else (t, h, self.d)
         q, q32 = draw_values(data, shape, "q", bad=bad == "q")
@@ -247,6 +254,51 @@ class CacheMachine(RuleBasedStateMachine):
         assert err <= tol, f"error {err:.3g} above the bound {tol:.3g}"
         ordinary = tol <= 2.1e-3 * float(np.abs(vd).max()) + 1e-37
         event("decode checked" + (" at ordinary logits (the 1e-3 regime)" if ordinary else ""))
+
+    @rule(data=st.data())
+    def prefill(self, data):
+        """append + decode of T rows' queries in one call, T up to several times the recent
+        window: the bits of T single append-then-decode steps on a copy (without a window, with
+        the offsets still to be set from the first append past position 0: of one append and one
+        decode), and the twin's state after the append."""
+        room = self.cap - self.length
+        bad = self.bad(data, ["k", "v", "q", "capacity", "T"])
+        if room == 0 and bad is None:
+            bad = "capacity"
+        t = data.draw(st.integers(1, max(1, min(room, 3 * self.cache.recent + 40))), label="T")
+        if bad == "capacity":
+            t = room + data.draw(st.integers(1, 3), label="T past max_seq")
+        h = self.hkv * data.draw(st.integers(1, 3), label="group")
+        k, k32 = draw_values(data, (t, self.hkv, self.d), "k", bad=bad == "k")
+        v, v32 = draw_values(data, (t, self.hkv, self.d), "v", bad=bad == "v")
+        q, q32 = draw_values(data, (t + (bad == "T"), h, self.d), "q", bad=bad == "q")
+        kw = {}
+        if data.draw(st.booleans(), label="window?"):
+            kw["window"] = data.draw(st.integers(1, self.length + t + 10), label="window")
+            kw["sinks"] = data.draw(st.integers(0, min(kw["window"], 4)), label="sinks")
+        qmax = float(np.abs(q32).max()) if q32.size else 0.0
+        if bad != "q" and qmax * (1.0 / math.sqrt(self.d)) > 2.0 ** 40:
+            kw["scale"] = 2.0 ** 40 / qmax * (1 - 1e-6)
+        if bad is not None:
+            self.expect_refused(lambda: self.cache.prefill(k, v, q, **kw), "prefill")
+            return
+        copy = type(self.cache).from_state_dict(self.cache.state_dict(), max_seq=self.cap)
+        got = np.asarray(self.cache.prefill(k, v, q, **kw))
+        if self.cache.center and not self.cache.recent and self.cache.k_offset is None:
+            copy.append(k, v)
+            want = np.asarray(copy.decode(q, **kw))
+        else:
+            want = []
+            for i in range(t):
+                copy.append(k[i], v[i])
+                want.append(np.asarray(copy.decode(q[i], **kw)))
+            want = np.stack(want)
+        np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+        assert_same_state(self.cache, snapshot(copy))
+        self.twin.append(k32, v32)
+        self.length += t
+        assert_same_state(self.cache, snapshot(self.twin))
+        event("prefill checked" + (" past the ring" if t > self.cache.recent + 1 else ""))
 
     @rule(data=st.data())
     def truncate(self, data):

@@ -106,23 +106,23 @@ def test_the_logits_follow_the_model_dtype():
     assert out.logits.dtype == torch.bfloat16
 
 
-def test_a_batch_is_one_decode_call_per_layer(monkeypatch, small_slack):
-    """Batch 3 decodes every layer in one decode_batch call over the 3 sequences' caches (a
-    prompt on a sliding layer: one per chunk)."""
+def test_a_batch_is_one_prefill_call_per_layer(monkeypatch, small_slack):
+    """Batch 3 attends every layer in one prefill_batch call over the 3 sequences' caches, the
+    prompt in one call on a full layer (a sliding layer: one per chunk of its slack)."""
     model = _model("qwen2")
     ids, steps = _tokens(3)
     calls = []
-    real = ih.decode_batch
+    real = ih.prefill_batch
 
-    def counting(caches, q, **kw):
-        calls.append(len(caches))
-        return real(caches, q, **kw)
+    def counting(caches, k, v, q, **kw):
+        calls.append((len(caches), q.shape[1]))
+        return real(caches, k, v, q, **kw)
 
-    monkeypatch.setattr(ih, "decode_batch", counting)
+    monkeypatch.setattr(ih, "prefill_batch", counting)
     _run(model, ih.Int8Cache(model.config, max_cache_len=100), ids, steps)
-    # the prompt of 70: 2 full layers in chunks of the recent window (64, 6); 2 sliding ones in
-    # chunks of 32 (32, 32, 6); then 4 per step
-    assert calls == [3] * (2 * 2 + 2 * 3 + 4 * STEPS)
+    # the prompt of 70: 2 full layers in one call; 2 sliding ones in chunks of 32 (32, 32, 6);
+    # then 4 per step
+    assert calls == [(3, 70)] * 2 + [(3, 32), (3, 32), (3, 6)] * 2 + [(3, 1)] * (4 * STEPS)
 
 
 @pytest.mark.parametrize("window", [None, 24])

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import int8attn as ia
-from conftest import (CONTRACT, EMULATED, assert_tiers_agree, attention_over_history, each_tier,
-                      make_kv, rel_err)
+from conftest import (CONTRACT, EMULATED, assert_same_state, assert_tiers_agree,
+                      attention_over_history, each_tier, make_kv, rel_err, snapshot)
 from int8attn import reference as R
 
 WINDOWED = {"default": ia.FORMATS["default"], "recent": ia.FORMATS["recent"],
@@ -188,11 +188,10 @@ def test_truncate_beyond_the_ring_reads_codes_until_the_window_refills():
     np.testing.assert_array_equal(cache.dequantize()[0][-16:], R.half_rows(k[314:330]))
 
 
-@pytest.mark.parametrize("t", [3, 64, 65, 200])
+@pytest.mark.parametrize("t", [3, 64, 65])
 def test_multi_token_decode_reads_each_querys_own_window(tier, t):
-    """Every query reads the window of its own position: up to R queries decode to the bits of
-    single-token decodes; beyond that the oldest queries read codes where the ring's floats are
-    gone, and match what the cache cut after them dequantizes to."""
+    """Every query reads the window of its own position: up to R + 1 queries decode to the bits
+    of single-token decodes of the cache cut after each one."""
     rng = np.random.default_rng(t)
     k, v = make_kv(rng, 600, 2, 64, "outlier")
     cache = appended(k, v, [0, 1, 600])
@@ -202,12 +201,31 @@ def test_multi_token_decode_reads_each_querys_own_window(tier, t):
     for i in range(0, t, max(1, t // 8)):
         cut = ia.Int8KVCache.from_state_dict(state)
         cut.truncate(600 - t + i + 1)
-        if t <= cache.recent:
-            np.testing.assert_array_equal(multi[i], cut.decode(q[i]))
+        np.testing.assert_array_equal(multi[i], cut.decode(q[i]))
     assert rel_err(multi.reshape(-1, 64), attention_over_history(cache, q).reshape(-1, 64)) <= CONTRACT
     out = cache.decode(q, window=20, sinks=3, softcap=10.0)
     ref = attention_over_history(cache, q, window=20, sinks=3, softcap=10.0)
     assert rel_err(out.reshape(-1, 64), ref.reshape(-1, 64)) <= CONTRACT
+
+
+@pytest.mark.parametrize("recent, cap, length, most", [
+    (64, 600, 600, 65), (32, 600, 600, 33), (32, 600, 64, 64), (32, 600, 65, 33),
+    (64, 100, 100, 100), (32, 64, 64, 64), (0, 600, 600, 600)])
+def test_decode_takes_the_queries_whose_windows_the_ring_holds(recent, cap, length, most):
+    """T <= R + 1 queries, or any T while the ring (min(2R, max_seq) slots) holds every
+    position; one more is refused naming prefill, and the refused call changes nothing."""
+    rng = np.random.default_rng(recent + cap + length)
+    k, v = make_kv(rng, length, 1, 32)
+    cache = ia.Int8KVCache(1, cap, 32, recent=recent, center=False, keep_first=bool(recent))
+    cache.append(k, v)
+    q = rng.standard_normal((length, 2, 32)).astype(np.float32)
+    assert cache.decode(q[-most:]).shape == (most, 2, 32)
+    if most == length:
+        return
+    before = snapshot(cache)
+    with pytest.raises(ValueError, match=rf"T={most + 1} .*recent={recent}.*T <= {most}.*prefill"):
+        cache.decode(q[-most - 1:])
+    assert_same_state(cache, before)
 
 
 @pytest.mark.parametrize("window, sinks", [(1, 0), (5, 0), (16, 4), (63, 1), (64, 0), (65, 2),

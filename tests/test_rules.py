@@ -258,7 +258,8 @@ def test_hf_sliding_layers_evict_whole_groups(hf, k_bits, v_bits):
     appended = 0
     for _ in range(20):
         k = rng.standard_normal((1, 10, 1, 32)).astype(np.float32)
-        layer._store(k, k)
+        layer._make_room(10)
+        layer.caches[0].append(k[0], k[0])
         appended += 10
         c = layer.caches[0]
         assert len(c) <= layer.capacity and (appended - len(c)) % R.evict_step(k_bits) == 0

@@ -23,11 +23,11 @@ except ModuleNotFoundError as e:         # the sources without the compiled fron
         "pip install -e . to edit it in place), and run from outside src/.") from None
 from . import reference
 from ._format import FORMATS
-from ._kvcache import Int8KVCache, KVCache, decode_batch
+from ._kvcache import Int8KVCache, KVCache, decode_batch, prefill_batch
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Int8KVCache", "KVCache", "decode_batch", "FORMATS", "isa", "supported_isas", "set_num_threads", "get_num_threads",
+    "Int8KVCache", "KVCache", "decode_batch", "prefill_batch", "FORMATS", "isa", "supported_isas", "set_num_threads", "get_num_threads",
     "reference", "__version__",
 ]

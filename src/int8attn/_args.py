@@ -195,6 +195,45 @@ def append(k, v, hkv, d, length, cap):
     return c_aligned(ka), c_aligned(va)
 
 
+def append_batch(k, v, hkv, d, room):
+    """k and v as aligned C-contiguous float32 [B, T, Hkv, D] (T >= 1) for B caches whose
+    (length, max_seq) are room[b]."""
+    ka = as_float32(k, "k")
+    va = as_float32(v, "v")
+    b = len(room)
+    if ka.ndim != 4 or ka.shape[0] != b or ka.shape[2:] != (hkv, d) or ka.shape[1] == 0:
+        raise ValueError(f"k must have shape [B, T, Hkv, D] with B={b}, Hkv={hkv}, D={d}, "
+                         f"T >= 1; got {list(ka.shape)}")
+    if va.shape != ka.shape:
+        raise ValueError(f"v must have the shape of k, {list(ka.shape)}; got {list(va.shape)}")
+    t = ka.shape[1]
+    for i, (length, cap) in enumerate(room):
+        if length + t > cap:
+            raise ValueError(f"caches[{i}]: appending {t} token(s) to a cache holding {length} "
+                             f"would exceed max_seq={cap}; nothing was appended")
+    return c_aligned(ka), c_aligned(va)
+
+
+def queries_of(qa, batch=False):
+    """T of decode's q ([B,] [T,] H, D as decode() gives it)."""
+    return qa.shape[1 if batch else 0] if qa.ndim == (4 if batch else 3) else 1
+
+
+def prefill(ka, q, scale, q_bits, out, window, sinks, softcap, length, hkv, d, cap,
+            batch=None):
+    """decode()'s checks for the queries of prefill's rows ka ([B,] T, Hkv, D, from append or
+    append_batch) on caches of `length` tokens before them: q must be [B,] [T, H, D]."""
+    lead = 0 if batch is None else 1
+    t = ka.shape[lead]
+    qa = as_float32(q, "q")
+    if qa.ndim != 3 + lead or qa.shape[lead] != t:
+        want = f"[T, H, D] with T={t}" if not lead else f"[B, T, H, D] with B={batch}, T={t}"
+        raise ValueError(f"q must have shape {want} (a query for every new token, T as k's); "
+                         f"got {list(qa.shape)}")
+    return decode(q if is_torch(q) else qa, scale, q_bits, out, window,
+                  sinks, softcap, length + t, hkv, d, cap, batch)
+
+
 def decode(q, scale, q_bits, out, window, sinks, softcap, length, hkv, d, cap, batch=None):
     """The decode's arguments, checked: (q as aligned C-contiguous float32 [T, H, D] or
     [H, D], out as a writable float32 array of q's shape, what decode returns, scale, q_bits,

@@ -299,23 +299,31 @@ cdef class _Store:
 
 
 def _decode(list seq, qa, out, float scale, int q_bits, size_t window, size_t sinks,
-            float softcap, bint batch):
+            float softcap, bint batch, ka=None, va=None):
     """One i8a_decode_batch over the caches of seq (their flags held), q and out as _args.decode
-    gives them ([B,] [T,] H, D); refused here too when they do not fit (the engine's last guard)."""
+    gives them ([B,] [T,] H, D); with ka, va ([B,] T, Hkv, D, as _args.append gives them) one
+    i8a_prefill_batch: the T rows appended, then their queries. Refused here too when they do
+    not fit (the engine's last guard)."""
     cdef _Store c, c0 = seq[0]
     cdef int lead = 1 if batch else 0
     cdef size_t nb = len(seq), t = 1 if qa.ndim == 2 + lead else qa.shape[lead], bad = 0
-    cdef size_t h = qa.shape[qa.ndim - 2], d = c0._c.head_dim
+    cdef size_t h = qa.shape[qa.ndim - 2], d = c0._c.head_dim, hkv = c0._c.n_kv_heads
     cdef const float[::1] qmv = qa.reshape(-1)
     cdef float[::1] omv = out.reshape(-1)
+    cdef const float[::1] kmv, vmv
+    cdef size_t new = 0 if ka is None else t
     for c in seq:
         c._held()
-        if not (c._c.n_kv_heads == c0._c.n_kv_heads and c._c.head_dim == d
-                and 1 <= t <= c._c.length):
+        if not (c._c.n_kv_heads == hkv and c._c.head_dim == d
+                and 1 <= t <= c._c.length + new and c._c.length + new <= c._c.max_seq):
             raise ValueError("_decode: the caches do not fit one batch (see decode_batch)")
     if not (<size_t>qmv.shape[0] == <size_t>omv.shape[0] == nb * t * h * d and h
-            and h % c0._c.n_kv_heads == 0 and scale > 0 and q_bits in (8, 16) and sinks <= window):
+            and h % hkv == 0 and scale > 0 and q_bits in (8, 16) and sinks <= window):
         raise ValueError("_decode: q, out or the options do not fit (see decode)")
+    if new:
+        kmv, vmv = ka.reshape(-1), va.reshape(-1)
+        if not (<size_t>kmv.shape[0] == <size_t>vmv.shape[0] == nb * t * hkv * d):
+            raise ValueError("_decode: k, v do not fit the queries (see prefill)")
     cdef i8a_options opt
     opt.scale, opt.q_bits, opt.window, opt.sinks, opt.softcap = (scale, q_bits, window, sinks,
                                                                  softcap)
@@ -326,16 +334,30 @@ def _decode(list seq, qa, out, float scale, int q_bits, size_t window, size_t si
         cs = <i8a_cache **>_ptr(ptrs)
     cdef int rc
     with nogil:
-        rc = i8a_decode_batch(i8a_load_tier(&_kt), cs, nb, &qmv[0], t, h, &opt,
-                              i8a_load_size(&_threads), &omv[0], &bad)
+        if new:
+            rc = i8a_prefill_batch(i8a_load_tier(&_kt), cs, nb, &kmv[0], &vmv[0], &qmv[0], t,
+                                   h, &opt, i8a_load_size(&_threads), &omv[0], &bad)
+        else:
+            rc = i8a_decode_batch(i8a_load_tier(&_kt), cs, nb, &qmv[0], t, h, &opt,
+                                  i8a_load_size(&_threads), &omv[0], &bad)
     if rc == 3:
         raise MemoryError("decode could not allocate its workspace")
-    if rc != 0 and not batch:
-        raise _args.decode_error(rc, bad, qa, scale)
-    if rc != 0:
+    if rc == 0:
+        return
+    if rc in (1, 2) and new:                  # a k or v row
+        b, row = divmod(bad, t * hkv)
+        rows = (ka if rc == 1 else va).reshape(nb, t, hkv, d)
+        err = ValueError(_args.bad_row_message("kv"[rc - 1], rows[b, row // hkv, row % hkv],
+                                               f"token {row // hkv}, kv head {row % hkv}")
+                         + "; nothing was appended")
+    else:
         b, row = divmod(bad, t * h)
-        err = _args.decode_error(rc, row, qa[b], scale)
+        err = _args.decode_error(rc - 3 if new else rc, row, qa[b] if batch else qa, scale)
+        if new:
+            err = type(err)(f"{err}; nothing was appended")
+    if batch:
         raise type(err)(f"caches[{b}]: {err}")
+    raise err
 
 
 # ---------------------------------------------------------------------------------------------

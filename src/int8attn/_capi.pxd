@@ -130,6 +130,9 @@ cdef extern from "_engine.h" nogil:
     int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *q,
                          size_t t, size_t h, const i8a_options *opt, size_t max_threads,
                          float *out, size_t *bad)
+    int i8a_prefill_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *k,
+                          const float *v, const float *q, size_t t, size_t h,
+                          const i8a_options *opt, size_t max_threads, float *out, size_t *bad)
     void i8a_dequantize(const i8a_kernels *kt, const i8a_cache *c, float *k, float *v)
     void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n)
     uint64_t i8a_stream_read(const i8a_probe *probe, const i8a_cache *c, size_t threads)

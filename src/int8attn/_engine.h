@@ -273,6 +273,20 @@ int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, cons
                      size_t t, size_t h, const i8a_options *opt, size_t max_threads, float *out,
                      size_t *bad);
 
+/* Append t rows to each of n caches and decode the t queries of those positions in one call:
+ * cache b appends k + b * t * hkv * d and v likewise ([t][hkv][d] each, as i8a_append takes
+ * them) and decodes q + b * t * h * d into out + b * t * h * d as i8a_decode_batch does, except
+ * that every query reads what a single decode right after its own token's append reads, however
+ * large t is: its recent window from the floats of those positions (which the ring, holding
+ * the last min(2R, cap) positions, keeps for t <= R + 1 only; the call copies them before the
+ * append). Requires i8a_decode_batch's conditions and len + t <= cap for every cache. Returns
+ * 0, or with every cache and out unchanged: 1 / 2 as i8a_append (a row of k / v out of range)
+ * with *bad = b * t * hkv + token * hkv + head; 4 / 5 as i8a_decode's 1 / 2 for a q row, with
+ * *bad = b * t * h + the row; 3 when memory cannot be allocated. */
+int i8a_prefill_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *k,
+                      const float *v, const float *q, size_t t, size_t h,
+                      const i8a_options *opt, size_t max_threads, float *out, size_t *bad);
+
 /* Forget the n oldest positions (n <= len; with K at 4 bits a multiple of I8A_K4_GROUP, so
  * the groups stay whole): position n + i becomes position i, and len shrinks
  * by n (a sliding-window layer's history past its window). With a kept first position, the new

@@ -1,4 +1,5 @@
-"""The caches: ``KVCache`` (and ``Int8KVCache``, its 8-bit form) and ``decode_batch``.
+"""The caches: ``KVCache`` (and ``Int8KVCache``, its 8-bit form), ``decode_batch`` and
+``prefill_batch``.
 
 Python over the compiled store (``_cache._Store``, which owns the buffers and makes every engine
 call with the GIL released): each method takes the cache's busy flag first, converts and checks
@@ -8,6 +9,7 @@ they return. Public names are re-exported by ``int8attn``."""
 from . import _args
 from . import _cache
 from . import _format
+from . import _rules
 from . import _state
 
 for _name, _c_value in _cache._C_LIMITS.items():         # the C limits are _format's
@@ -245,8 +247,12 @@ class KVCache(_cache._Store):
             Queries, any real dtype (converted to float32); H a multiple of Hkv. Query head h
             reads kv head ``h // (H // Hkv)`` (GQA; MQA when Hkv == 1). With T queries they are
             the last T positions of the cache (1 <= T <= len), causal among themselves: query t
-            sees positions up to ``len - T + t`` (verifying speculative tokens, chunked
-            prefill). Each K/V row is read once for all T queries. Values within +-2**64.
+            sees positions up to ``len - T + t`` (verifying speculative tokens). Each query
+            reads the history a single decode at its position read, bit for bit: with a
+            recent window R, its last R positions from their floats, which the cache holds
+            for the last 2R positions, so T is at most R + 1 there (any T while len <= 2R, or
+            max_seq <= 2R); ``prefill`` appends and attends a chunk of any length. Each K/V
+            row is read once for all T queries. Values within +-2**64.
         scale : float, optional
             Softmax scale applied to q.k, default ``1 / sqrt(D)``; positive, and with
             ``scale * max|q|`` at most 2**40 (``QSCALE_MAX``) in every query row, so that no
@@ -278,7 +284,42 @@ class KVCache(_cache._Store):
             qa, out, result, s, bits, w, n, cap = _args.decode(
                 q, scale, q_bits, out, window, sinks, softcap, len(self), self.n_kv_heads,
                 self.head_dim, self.max_seq)
+            _rules.check_decode_queries(_args.queries_of(qa), self.recent, self.max_seq,
+                                        len(self))
             _cache._decode([self], qa, out, s, bits, w, n, cap, False)
+            return result
+        finally:
+            self._leave()
+
+    def prefill(self, k, v, q, *, scale=None, q_bits=16, out=None, window=None, sinks=0,
+                softcap=None):
+        """Append T tokens and attend their T queries, in one call (a prompt, or a chunk of
+        one): ``append(k, v)`` then ``decode(q)``, except that T may be any length. Each query
+        reads the history a single decode right after its own token's append read, bit for
+        bit (its recent window from the floats of those positions, which the call keeps
+        whatever T is), so a prompt prefilled in one call, in chunks of any sizes or token by
+        token gives the same outputs and the same cache.
+
+        Parameters
+        ----------
+        k, v : array-like or torch CPU tensors, [T, Hkv, D]
+            The new tokens, as ``append`` takes them (T >= 1, fitting in ``max_seq``).
+        q : array-like or torch CPU tensor, [T, H, D]
+            Their queries: query t sits at position ``len - T + t`` of the cache after the
+            append and sees the positions up to it.
+        scale, q_bits, out, window, sinks, softcap
+            As in ``decode``.
+
+        Returns float32 [T, H, D] like ``decode``. A call that raises (bad k, v or q, or
+        options) appends nothing and writes no output.
+        """
+        self._enter()
+        try:
+            ka, va = _args.append(k, v, self.n_kv_heads, self.head_dim, len(self), self.max_seq)
+            qa, out, result, s, bits, w, n, cap = _args.prefill(
+                ka, q, scale, q_bits, out, window, sinks, softcap, len(self), self.n_kv_heads,
+                self.head_dim, self.max_seq)
+            _cache._decode([self], qa, out, s, bits, w, n, cap, False, ka, va)
             return result
         finally:
             self._leave()
@@ -375,34 +416,86 @@ def decode_batch(caches, q, *, scale=None, q_bits=16, out=None, window=None, sin
     Returns float32 of q's shape, like ``decode``. Every cache is taken for the whole call (a
     cache in use by another thread raises RuntimeError); a call that raises writes no output.
     """
-    if isinstance(caches, KVCache):
-        raise TypeError(f"caches must be a sequence of KVCache, got one {type(caches).__name__}")
-    seq = list(caches)
-    if not seq:
-        raise ValueError("caches must hold at least one KVCache, got an empty sequence")
-    for i, c in enumerate(seq):
-        if not isinstance(c, KVCache):
-            raise TypeError(f"caches[{i}] must be a KVCache or Int8KVCache, got "
-                            f"{type(c).__name__}")
-    if len({id(c) for c in seq}) != len(seq):
-        raise ValueError("caches must be distinct: the same cache appears more than once")
-    taken = []
-    try:
-        for c in seq:
-            c._enter()
-            taken.append(c)
+    with _taken(caches) as seq:
         c0 = seq[0]
-        for i, c in enumerate(seq):
-            if (c.n_kv_heads, c.head_dim) != (c0.n_kv_heads, c0.head_dim):
-                raise ValueError(
-                    f"caches[{i}] has n_kv_heads={c.n_kv_heads}, head_dim={c.head_dim}; "
-                    f"caches[0] has n_kv_heads={c0.n_kv_heads}, head_dim={c0.head_dim}: "
-                    f"a batch needs them equal")
         qa, out, result, s, bits, w, n, cap = _args.decode(
             q, scale, q_bits, out, window, sinks, softcap, min(len(c) for c in seq),
             c0.n_kv_heads, c0.head_dim, max(c.max_seq for c in seq), batch=len(seq))
+        for i, c in enumerate(seq):
+            _rules.check_decode_queries(_args.queries_of(qa, batch=True), c.recent, c.max_seq,
+                                        len(c), f"caches[{i}] is ")
         _cache._decode(seq, qa, out, s, bits, w, n, cap, True)
         return result
-    finally:
-        for c in taken:
+
+
+def prefill_batch(caches, k, v, q, *, scale=None, q_bits=16, out=None, window=None, sinks=0,
+                  softcap=None):
+    """``caches[b].prefill(k[b], v[b], q[b], ...)`` for every b, in one call (the work items of
+    all the caches share the thread pool, as in ``decode_batch``).
+
+    Parameters
+    ----------
+    caches : sequence of B distinct KVCache (Int8KVCache included)
+        Equal ``n_kv_heads`` and ``head_dim``; lengths and formats may differ, each with room
+        for T more tokens.
+    k, v : array-like or torch CPU tensors, [B, T, Hkv, D]
+        Cache b's new tokens are ``k[b]``, ``v[b]``.
+    q : array-like or torch CPU tensor, [B, T, H, D]
+        Their queries, as in ``KVCache.prefill``.
+    scale, q_bits, out, window, sinks, softcap
+        As in ``KVCache.decode``, the same for every cache; ``out`` has q's shape.
+
+    Returns float32 of q's shape. A call that raises appends to no cache and writes no output.
+    """
+    with _taken(caches) as seq:
+        c0 = seq[0]
+        ka, va = _args.append_batch(k, v, c0.n_kv_heads, c0.head_dim,
+                                    [(len(c), c.max_seq) for c in seq])
+        qa, out, result, s, bits, w, n, cap = _args.prefill(
+            ka, q, scale, q_bits, out, window, sinks, softcap, min(len(c) for c in seq),
+            c0.n_kv_heads, c0.head_dim, max(c.max_seq for c in seq), batch=len(seq))
+        _cache._decode(seq, qa, out, s, bits, w, n, cap, True, ka, va)
+        return result
+
+
+class _taken:
+    """``with _taken(caches) as seq``: caches as a list of distinct KVCache of equal n_kv_heads
+    and head_dim, each one's busy flag held for the block (a cache in use by another thread
+    raises RuntimeError, and those taken before it are given back)."""
+
+    def __init__(self, caches):
+        if isinstance(caches, KVCache):
+            raise TypeError(f"caches must be a sequence of KVCache, got one "
+                            f"{type(caches).__name__}")
+        seq = list(caches)
+        if not seq:
+            raise ValueError("caches must hold at least one KVCache, got an empty sequence")
+        for i, c in enumerate(seq):
+            if not isinstance(c, KVCache):
+                raise TypeError(f"caches[{i}] must be a KVCache or Int8KVCache, got "
+                                f"{type(c).__name__}")
+        if len({id(c) for c in seq}) != len(seq):
+            raise ValueError("caches must be distinct: the same cache appears more than once")
+        self.seq, self.held = seq, []
+
+    def __enter__(self):
+        try:
+            for c in self.seq:
+                c._enter()
+                self.held.append(c)
+            c0 = self.seq[0]
+            for i, c in enumerate(self.seq):
+                if (c.n_kv_heads, c.head_dim) != (c0.n_kv_heads, c0.head_dim):
+                    raise ValueError(
+                        f"caches[{i}] has n_kv_heads={c.n_kv_heads}, head_dim={c.head_dim}; "
+                        f"caches[0] has n_kv_heads={c0.n_kv_heads}, head_dim={c0.head_dim}: "
+                        f"a batch needs them equal")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self.seq
+
+    def __exit__(self, *exc):
+        for c in self.held:
             c._leave()
+        self.held = []

@@ -66,6 +66,19 @@ class KVCache:
         sinks: int = 0,
         softcap: float | None = None,
     ) -> npt.NDArray[np.float32] | Any: ...
+    def prefill(
+        self,
+        k: npt.ArrayLike | Any,
+        v: npt.ArrayLike | Any,
+        q: npt.ArrayLike | Any,
+        *,
+        scale: float | None = None,
+        q_bits: int = 16,
+        out: npt.NDArray[np.float32] | Any | None = None,
+        window: int | None = None,
+        sinks: int = 0,
+        softcap: float | None = None,
+    ) -> npt.NDArray[np.float32] | Any: ...
 
 class Int8KVCache(KVCache):
     def __init__(
@@ -76,6 +89,20 @@ class Int8KVCache(KVCache):
 
 def decode_batch(
     caches: Sequence[KVCache],
+    q: npt.ArrayLike | Any,
+    *,
+    scale: float | None = None,
+    q_bits: int = 16,
+    out: npt.NDArray[np.float32] | Any | None = None,
+    window: int | None = None,
+    sinks: int = 0,
+    softcap: float | None = None,
+) -> npt.NDArray[np.float32] | Any: ...
+
+def prefill_batch(
+    caches: Sequence[KVCache],
+    k: npt.ArrayLike | Any,
+    v: npt.ArrayLike | Any,
     q: npt.ArrayLike | Any,
     *,
     scale: float | None = None,

@@ -113,6 +113,29 @@ def ring_slots(recent, max_seq):
     return min(2 * recent, max_seq)
 
 
+def decode_queries_max(recent, max_seq, length):
+    """The most queries a decode (of the last T positions) takes: each query reads the recent
+    window of its own position from the ring, which holds the last ring_slots positions, so the
+    first query's window (R - 1 positions before the T) is held for T <= R + 1, or for any T
+    while the cache holds no more positions than the ring. Longer chunks go through prefill,
+    which keeps the windows of the rows it appends. No limit without a window."""
+    slots = ring_slots(recent, max_seq)
+    if not recent or length <= slots:
+        return length
+    return min(length, slots - recent + 1)
+
+
+def check_decode_queries(t, recent, max_seq, length, where=""):
+    """T queries fit decode_queries_max (where: "caches[b] " in a batch)."""
+    most = decode_queries_max(recent, max_seq, length)
+    if t > most:
+        raise ValueError(
+            f"q holds T={t} query positions, but {where}a cache with recent={recent} holds the "
+            f"floats of its last {ring_slots(recent, max_seq)} positions only, so a decode "
+            f"reads each query's recent window as token-by-token decoding did for T <= {most}; "
+            f"append and attend a longer chunk in one call with prefill(k, v, q)")
+
+
 # -- the rotation ---------------------------------------------------------------------------
 
 def seed_in_range(seed):

@@ -7,7 +7,8 @@
 
 Each layer of the model keeps one cache per sequence of the batch (``Int8KVCache`` in the
 default format; a 4-bit ``KVCache`` with ``Int8Cache(..., k_bits=4, v_bits=4)``), and the
-attention of the prompt (a causal multi-token decode) and of every generated token runs over
+attention of the prompt (prefilled in one call per layer, each prompt token reading what a
+token-by-token run reads) and of every generated token runs over
 those caches directly: no float copy of K or V is kept or rebuilt. A
 sliding-window layer keeps only what its window can still see (about its window plus a
 chunk of slack), so its memory does not grow with the context. Both fp32 and bf16 models work:
@@ -47,7 +48,7 @@ except ImportError as e:                                  # pragma: no cover - d
     raise ImportError("int8attn.hf needs torch and transformers>=5: "
                       "pip install 'int8attn[hf]'") from e
 
-from . import FORMATS, Int8KVCache, KVCache, decode_batch
+from . import FORMATS, Int8KVCache, KVCache, prefill_batch
 from . import _rules as R
 
 if int(transformers.__version__.split(".")[0]) < 5:        # pragma: no cover
@@ -62,8 +63,8 @@ NAME = "int8attn"
 # A sliding-window layer's cache holds its window (less one: the query itself is new) plus
 # SLACK tokens; when an append would not fit, it forgets all but the last window - 1 + ROLLBACK
 # tokens (ROLLBACK: what crop() can take back after that). A prompt longer than SLACK - ROLLBACK
-# is attended in chunks of that many queries (of the recent window's, when fewer), which always
-# fit after that. (Read when a layer is made.)
+# is attended there in chunks of that many queries, which always fit after that. (Read when a
+# layer is made.)
 SLACK = 512
 ROLLBACK = 64
 
@@ -209,39 +210,26 @@ class Int8Layer(CacheLayerMixin):
         if t != k.shape[1]:
             raise ValueError(f"int8attn: {t} queries for {k.shape[1]} new K/V tokens; int8attn "
                              f"attends each new token's query over the cache")
+        # prefill_batch: every query reads what token-by-token steps read, however long the
+        # call; a sliding layer's steps leave room to evict between them
         step = self.slack - self.rollback if self.is_sliding else t
-        if self.caches[0].recent:       # at most the recent window's queries per decode: each
-            step = min(step, self.caches[0].recent)   # reads what token-by-token steps read
         parts = []
         for a in range(0, t, step):
             z = min(t, a + step)
-            self._store(k[:, a:z], v[:, a:z])
-            try:
-                parts.append(decode_batch(self.caches, q[:, a:z], scale=scale, window=window,
-                                          softcap=softcap))
-            except BaseException:
-                for c in self.caches:
-                    c.truncate(len(c) - (z - a))
-                raise
+            self._make_room(z - a)
+            parts.append(prefill_batch(self.caches, k[:, a:z], v[:, a:z], q[:, a:z],
+                                       scale=scale, window=window, softcap=softcap))
             self.seen += z - a
         out = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
         return torch.from_numpy(out).to(query.dtype)
 
-    def _store(self, k: np.ndarray, v: np.ndarray) -> None:
-        n = k.shape[1]
+    def _make_room(self, n: int) -> None:
+        """A sliding layer's caches forget what no query sees, when n more tokens would not
+        fit (whole K groups at 4 bits)."""
         for c in self.caches:
-            if len(c) + n > c.max_seq:           # a sliding layer: forget what no query sees
+            if len(c) + n > c.max_seq:
                 gone = len(c) - min(len(c), self.sliding_window - 1 + self.rollback)
                 c.evict(gone - gone % self.evict_step)
-        done = 0
-        try:
-            for c in self.caches:
-                c.append(k[done], v[done])
-                done += 1
-        except BaseException:
-            for c in self.caches[:done]:
-                c.truncate(len(c) - n)
-            raise
 
     def __deepcopy__(self, memo: dict) -> Int8Layer:
         """A copy with its own caches (prompt reuse: ``copy.deepcopy(cache)``)."""
@@ -369,13 +357,20 @@ class Int8Cache(Cache):
 
 def _ephemeral(key: torch.Tensor, value: torch.Tensor, query: torch.Tensor,
                scale: float | None, window: int | None, softcap: float | None) -> torch.Tensor:
-    """K and V as given (no Int8Cache): quantized into temporary caches for this call only."""
+    """K and V as given (no Int8Cache): quantized into temporary caches for this call only (the
+    last T positions appended with their queries, so each reads its own recent window)."""
     _, hkv, s, d = key.shape
-    caches = []
-    for kb, vb in zip(_as_rows(key), _as_rows(value)):
-        caches.append(Int8KVCache(hkv, s, d, **FORMATS["default"]))
-        caches[-1].append(kb, vb)
-    out = decode_batch(caches, _as_rows(query), scale=scale, window=window, softcap=softcap)
+    t = query.shape[2]
+    if t > s:
+        raise ValueError(f"int8attn: {t} queries for {s} key/value positions; the queries must "
+                         f"be the last of them")
+    k, v = _as_rows(key), _as_rows(value)
+    caches = [Int8KVCache(hkv, s, d, **FORMATS["default"]) for _ in range(k.shape[0])]
+    for c, kb, vb in zip(caches, k, v):
+        if s > t:
+            c.append(kb[:s - t], vb[:s - t])
+    out = prefill_batch(caches, k[:, s - t:], v[:, s - t:], _as_rows(query), scale=scale,
+                        window=window, softcap=softcap)
     return torch.from_numpy(out).to(query.dtype)
 
 

@@ -130,6 +130,17 @@ static int code_rows(const i8a_kernels *kt, const i8a_cache *c, const row_source
     return 0;
 }
 
+int i8a_check_rows(const float *k, const float *v, size_t rows, size_t d, size_t *bad)
+{
+    for (size_t r = 0; r < rows; r++) {
+        if (!in_range(k + r * d, d) || !in_range(v + r * d, d)) {
+            *bad = r;
+            return in_range(k + r * d, d) ? 2 : 1;
+        }
+    }
+    return 0;
+}
+
 int i8a_append(const i8a_kernels *kt, i8a_cache *c, const float *k, const float *v, size_t t,
                size_t *bad)
 {
@@ -152,12 +163,9 @@ int i8a_append(const i8a_kernels *kt, i8a_cache *c, const float *k, const float 
     else if (c->k_offset && !c->offsets_set && c->recent && end >= c->recent + 1)
         to = c->recent + 1;                                 /* positions 1 .. R */
     if (to) {                           /* the offsets first: every row checked before */
-        for (size_t r = 0; r < t * hkv; r++) {
-            if (!in_range(k + r * d, d) || !in_range(v + r * d, d)) {
-                *bad = r;
-                return in_range(k + r * d, d) ? 2 : 1;
-            }
-        }
+        const int refused = i8a_check_rows(k, v, t * hkv, d, bad);
+        if (refused)
+            return refused;
         i8a_set_offset(kt, &src_k, 1, to, c->k_sign, c->k_offset);
         i8a_set_offset(kt, &src_v, 1, to, c->v_sign, c->v_offset);
         c->offsets_set = 1;

@@ -9,9 +9,7 @@
 
 #include "../_pool.h"
 
-/* The workspace holds at least `bytes` (64-byte aligned): grown by half again at least, so a
- * growing cache reallocates rarely. 0, or -1 when it cannot be allocated (then unchanged). */
-static int reserve_work(i8a_cache *c, size_t bytes)
+int i8a_reserve_work(i8a_cache *c, size_t bytes)
 {
     if (c->work_bytes >= bytes)
         return 0;
@@ -140,6 +138,25 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
     }
 }
 
+float i8a_q_limit(float scale)
+{
+    /* |q| may reach I8A_VALUE_MAX and I8A_QSCALE_MAX / scale, whichever is lower: the largest
+     * float not above it (a float q is at most x exactly when it is at most that float) */
+    double most = (double)I8A_QSCALE_MAX / (double)scale;
+    most = most < (double)I8A_VALUE_MAX ? most : (double)I8A_VALUE_MAX;
+    float limit = (float)most;
+    if ((double)limit > most)
+        limit = nextafterf(limit, 0.0f);
+    return limit;
+}
+
+int i8a_check_query(const float *q, size_t d, float limit)
+{
+    if (within(q, d, limit))
+        return 0;
+    return in_range(q, d) ? 2 : 1;
+}
+
 /* Set up job for a decode of cache c by its plan L: its workspace, the q planes and biases, the
  * chunk counters. Returns 0, or i8a_decode's codes with *bad the q row. */
 static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t, size_t h,
@@ -148,7 +165,7 @@ static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t
 {
     const size_t d = c->head_dim, hkv = c->n_kv_heads, nq = h / hkv;
     I8A_EXPECT(t >= 1 && t <= c->length && h >= hkv && h % hkv == 0);
-    if (reserve_work(c, L.end) != 0)
+    if (i8a_reserve_work(c, L.end) != 0)
         return 3;
     const decode_job init = {kt, c, opt, (char *)c->work, L, t, h, nq, out};
     *job = init;
@@ -158,22 +175,17 @@ static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t
     float *bias = (float *)(job->base + L.bias);
     float *pos0_logit = (float *)(job->base + L.pos0_logit);
     float *q_float = (float *)(job->base + L.q_float);
-    /* |q| may reach I8A_VALUE_MAX and I8A_QSCALE_MAX / scale, whichever is lower: the largest
-     * float not above it (a float q is at most x exactly when it is at most that float) */
-    double most = (double)I8A_QSCALE_MAX / (double)opt->scale;
-    most = most < (double)I8A_VALUE_MAX ? most : (double)I8A_VALUE_MAX;
-    float q_limit = (float)most;
-    if ((double)q_limit > most)
-        q_limit = nextafterf(q_limit, 0.0f);
+    const float q_limit = i8a_q_limit(opt->scale);
     /* q rows in the order of the kernels: kv head, then query position, then head of the group */
     for (size_t tt = 0; tt < t; tt++) {
         for (size_t head = 0; head < h; head++) {
             const size_t g = head / nq, r = g * L.rows + tt * nq + head % nq;
             float tmp[I8A_MAX_HEAD_DIM];
             const float *q0 = q + (tt * h + head) * d;
-            if (!within(q0, d, q_limit)) {
+            const int refused = i8a_check_query(q0, d, q_limit);
+            if (refused) {
                 *bad = tt * h + head;
-                return in_range(q0, d) ? 2 : 1;
+                return refused;
             }
             const float *qrow = maybe_rotated(kt, c, c->k_sign, q0, tmp);
             /* (K at 4 bits makes each group's planes from q_float in its attend) */

@@ -13,9 +13,11 @@
  *   decode.c  the executor: q planes, the (kv head, chunk) items on the pool, batches
  *   merge.c   a kv head's rows: position 0, the recent window, the states folded in position
  *             order, the output
+ *   prefill.c an append and a decode of its rows' queries in one call, each query reading its
+ *             own position's recent window however many rows the call brings
  *   probe.c   the benchmarks' bandwidth probe
  *
- * Calls go down: decode -> plan, span, merge -> store; append -> center -> store; probe -> span;
+ * Calls go down: prefill -> append, decode; decode -> plan, span, merge -> store; append -> center -> store; probe -> span;
  * state -> store. (i8a_row_at, which rows an append codes from, is in store.c: center reads it.)
  * Each file's definitions carry their comments here when another file calls them. */
 #ifndef I8A_ENGINE_INTERNAL_H
@@ -213,6 +215,11 @@ const float *i8a_row_at(const row_source *src, size_t pos, size_t g, float *tmp)
 void i8a_set_offset(const i8a_kernels *kt, const row_source *src, size_t from, size_t to,
                     const float *sign, float *off);
 
+/* The rule on the rows an append takes, in row order (k before v in each): 0 when all `rows`
+ * rows of d values of k and v are in range, else 1 / 2 for k / v with *bad the first row that
+ * is not (a NaN, an Inf or a value beyond +-I8A_VALUE_MAX). */
+int i8a_check_rows(const float *k, const float *v, size_t rows, size_t d, size_t *bad);
+
 /* -- the plan (plan.c) --------------------------------------------------------------------- */
 
 /* The positions query tt of t sees: as two half-open ranges of coded positions in position
@@ -333,6 +340,19 @@ static inline i8a_query query_at(const decode_job *job, size_t g, size_t r, size
     };
     return q;
 }
+
+/* The workspace holds at least `bytes` (64-byte aligned): grown by half again at least, so a
+ * growing cache reallocates rarely. 0, or -1 when it cannot be allocated (then unchanged). */
+int i8a_reserve_work(i8a_cache *c, size_t bytes);
+
+/* The largest |q| a decode with this softmax scale takes: I8A_VALUE_MAX or I8A_QSCALE_MAX /
+ * scale, whichever is lower, as the largest float not above it. */
+float i8a_q_limit(float scale);
+
+/* The rule on a query row q [d]: 0 when every |q_i| <= limit (i8a_q_limit), else i8a_decode's
+ * code for it: 1 for a NaN, an Inf or a value beyond +-I8A_VALUE_MAX, 2 for one beyond the
+ * limit only. */
+int i8a_check_query(const float *q, size_t d, float limit);
 
 /* The window item of kv head g: every query row's state over the recent window it sees (m =
  * -inf: none). */

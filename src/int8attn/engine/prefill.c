@@ -1,0 +1,170 @@
+/* prefill: an append and a decode of the queries of its rows in one call. Each query reads the
+ * history a single decode after its own token's append reads, however many rows the call
+ * brings: its recent window (the last R positions up to it) from their floats. The ring holds
+ * the last min(2R, cap) positions, so after an append of t > R + 1 rows the first queries'
+ * windows have left it; the call keeps them in a copy of the windows' rows, taken before the
+ * append moves the ring, and decodes over that copy in the ring's place. */
+#include "internal.h"
+
+#include <stdlib.h>
+
+/* The floats of the windows a chunk's queries read: positions base .. base + slots - 1 (up to
+ * R - 1 before the chunk, then the chunk's own), as the ring holds them (halves, the rows'
+ * scales); position base + i of kv head g in slot g * slots + i. */
+typedef struct {
+    uint16_t *k, *v;            /* [hkv][slots][d] */
+    float *ks, *vs;             /* [hkv][slots] */
+    size_t base, slots, held_from;
+} window_copy;
+
+/* Whether the ring still holds, after appending t rows, every window the t queries read: the
+ * first query's reaches R - 1 positions before the chunk, the ring the last `ring`. */
+static int ring_holds(const i8a_cache *c, size_t t)
+{
+    return !c->recent || c->length + t <= c->ring || t + c->recent - 1 <= c->ring;
+}
+
+/* Allocate w for an append of t rows to c (which ring_holds refuses). 0, or -1. */
+static int copy_alloc(const i8a_cache *c, size_t t, window_copy *w)
+{
+    const size_t len = c->length, d = c->head_dim;
+    w->base = len + 1 > c->recent ? len + 1 - c->recent : 0;
+    w->slots = len + t - w->base;
+    w->held_from = c->held_from > w->base ? c->held_from : w->base;
+    /* rows <= hkv * cap, so the bytes are fewer than those of the cache's own K codes and ring
+     * together: no overflow */
+    const size_t rows = c->n_kv_heads * w->slots;
+    char *p = (char *)i8a_alloc_aligned(rows * (2 * d * sizeof(uint16_t) + 2 * sizeof(float)));
+    if (!p)
+        return -1;
+    w->k = (uint16_t *)p;
+    w->v = w->k + rows * d;
+    w->ks = (float *)(void *)(w->v + rows * d);
+    w->vs = w->ks + rows;
+    return 0;
+}
+
+/* Fill w before the append: the positions before the chunk whose floats the ring holds, copied
+ * from it, and the chunk's rows k, v [t][hkv][d] (in range) as the append puts them in the
+ * ring (the tier's half_row of the row as given). */
+static void copy_fill(const i8a_kernels *kt, const i8a_cache *c, const float *k, const float *v,
+                      size_t t, window_copy *w)
+{
+    const size_t d = c->head_dim, hkv = c->n_kv_heads, len = c->length;
+    for (size_t g = 0; g < hkv; g++) {
+        for (size_t pos = w->held_from; pos < len; pos++) {
+            const size_t from = g * c->ring + slot_of(c, pos), to = g * w->slots + pos - w->base;
+            memcpy(w->k + to * d, c->k_recent + from * d, d * sizeof(uint16_t));
+            memcpy(w->v + to * d, c->v_recent + from * d, d * sizeof(uint16_t));
+            w->ks[to] = c->k_rscale[from];
+            w->vs[to] = c->v_rscale[from];
+        }
+        for (size_t i = 0; i < t; i++) {
+            const size_t x = (i * hkv + g) * d, to = g * w->slots + len + i - w->base;
+            w->ks[to] = kt->half_row(k + x, d, w->k + to * d);
+            w->vs[to] = kt->half_row(v + x, d, w->v + to * d);
+        }
+    }
+}
+
+/* Cache c as the decode reads it once it holds `end` tokens: with w (not NULL) in the ring's
+ * place, floats held from w's held_from on. A plan reads only the length and the format, so
+ * the view before the append plans what the view after it runs. */
+static i8a_cache view_of(const i8a_cache *c, const window_copy *w, size_t end)
+{
+    i8a_cache view = *c;
+    view.length = end;
+    if (w) {
+        view.ring = w->slots;
+        view.k_recent = w->k, view.v_recent = w->v;
+        view.k_rscale = w->ks, view.v_rscale = w->vs;
+        view.ring_shift = (w->slots - w->base % w->slots) % w->slots;
+        view.held_from = w->held_from;
+    }
+    return view;
+}
+
+/* Jobs on the stack up to this batch size, beyond it on the heap. */
+#define I8A_PREFILL_STACK 8
+
+int i8a_prefill_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *k,
+                      const float *v, const float *q, size_t t, size_t h,
+                      const i8a_options *opt, size_t max_threads, float *out, size_t *bad)
+{
+    I8A_EXPECT(n >= 1 && t >= 1);
+    const size_t hkv = cs[0]->n_kv_heads, d = cs[0]->head_dim, kv_size = t * hkv * d;
+    const size_t q_size = t * h * d;
+    /* every row of every cache checked before anything is written */
+    const float q_limit = i8a_q_limit(opt->scale);
+    for (size_t b = 0; b < n; b++) {
+        I8A_EXPECT(cs[b]->length + t <= cs[b]->max_seq);
+        size_t row = 0;
+        int refused = i8a_check_rows(k + b * kv_size, v + b * kv_size, t * hkv, d, &row);
+        if (refused) {
+            *bad = b * t * hkv + row;
+            return refused;
+        }
+        for (row = 0; row < t * h; row++) {
+            refused = i8a_check_query(q + b * q_size + row * d, d, q_limit);
+            if (refused) {
+                *bad = b * t * h + row;
+                return 3 + refused;
+            }
+        }
+    }
+    window_copy stack_copies[I8A_PREFILL_STACK];
+    i8a_cache stack_views[I8A_PREFILL_STACK];
+    i8a_cache *stack_ptrs[I8A_PREFILL_STACK];
+    window_copy *copies = stack_copies;
+    i8a_cache *views = stack_views, **ptrs = stack_ptrs;
+    if (n > I8A_PREFILL_STACK) {
+        copies = (window_copy *)malloc(n * sizeof *copies);
+        views = (i8a_cache *)malloc(n * sizeof *views);
+        ptrs = (i8a_cache **)malloc(n * sizeof *ptrs);
+    }
+    int rc = copies && views && ptrs ? 0 : 3;
+    /* the copies (k NULL: none, the ring holds the windows) and the decode's workspaces, before
+     * the append, so that nothing fails after it (a workspace for max_threads holds the one
+     * for any fewer) */
+    size_t made = 0;
+    for (; rc == 0 && made < n; made++) {
+        i8a_cache *c = cs[made];
+        window_copy *w = &copies[made];
+        w->k = NULL;
+        if (!ring_holds(c, t)) {
+            if (copy_alloc(c, t, w) != 0) {
+                rc = 3;
+                break;
+            }
+            copy_fill(kt, c, k + made * kv_size, v + made * kv_size, t, w);
+        }
+        const i8a_cache view = view_of(c, w->k ? w : NULL, c->length + t);
+        const i8a_plan L = i8a_plan_decode(&view, t, h, opt, max_threads);
+        if (i8a_reserve_work(c, i8a_plan_with_threads(L, max_threads).end) != 0)
+            rc = 3;
+    }
+    if (rc == 0) {
+        for (size_t b = 0; b < n; b++) {
+            size_t unused;
+            i8a_append(kt, cs[b], k + b * kv_size, v + b * kv_size, t, &unused);  /* checked */
+            views[b] = view_of(cs[b], copies[b].k ? &copies[b] : NULL, cs[b]->length);
+            ptrs[b] = &views[b];
+        }
+        /* q checked and the workspaces grown above: this returns 0 */
+        rc = i8a_decode_batch(kt, ptrs, n, q, t, h, opt, max_threads, out, bad);
+        for (size_t b = 0; b < n; b++) {        /* (the workspace is the cache's) */
+            cs[b]->work = views[b].work;
+            cs[b]->work_bytes = views[b].work_bytes;
+        }
+        if (rc == 1 || rc == 2)
+            rc += 3;
+    }
+    for (size_t b = 0; b < made; b++)
+        i8a_free_aligned(copies[b].k);
+    if (n > I8A_PREFILL_STACK) {
+        free(copies);
+        free(views);
+        free(ptrs);
+    }
+    return rc;
+}
