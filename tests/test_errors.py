@@ -153,3 +153,48 @@ def test_read_only_out_rejected(cache):
     out.flags.writeable = False
     with pytest.raises(ValueError, match="writeable"):
         cache.decode(good(4, 32), out=out)
+
+
+# -- numeric arguments given what is not a number (issue 29, finding 5) ------------------------
+
+NOT_NUMBERS = ["0.5", b"16", [2], None, object(), 1j, True]
+DECODE_NUMBERS = {"scale": "a real number", "softcap": "a real number", "window": "an int",
+                  "sinks": "an int", "q_bits": "an int"}
+
+
+def _type_name(x):
+    return type(x).__name__
+
+
+@pytest.mark.parametrize("value", NOT_NUMBERS, ids=_type_name)
+@pytest.mark.parametrize("name", list(DECODE_NUMBERS))
+@pytest.mark.parametrize("batch", [False, True], ids=["decode", "decode_batch"])
+def test_decode_numbers_refuse_what_is_not_a_number(cache, name, value, batch):
+    """A str (or bytes, a list, None, any object, a complex or a bool) for a numeric argument of
+    decode or decode_batch is a TypeError naming the argument, what it must be and what it got.
+    Before the fix scale="0.5" and softcap=b"30" were parsed as floats. (window=None is its
+    default and sinks=0 needs no window; a bool is no int for the counts, nor a float.)"""
+    if value is None and name in ("scale", "softcap", "window"):
+        pytest.skip("None is this argument's default")
+    kw = {name: value}
+    if name == "sinks":
+        kw["window"] = 4
+    before = snapshot(cache)
+    with pytest.raises(TypeError, match=f"^{name} must be {DECODE_NUMBERS[name]}, got "
+                                        f"{_type_name(value)}$"):
+        if batch:
+            ia.decode_batch([cache], good(1, 4, 32), **kw)
+        else:
+            cache.decode(good(4, 32), **kw)
+    assert_same_state(cache, before)
+
+
+@pytest.mark.parametrize("value", NOT_NUMBERS, ids=_type_name)
+@pytest.mark.parametrize("name", ["n_kv_heads", "max_seq", "head_dim", "k_bits", "v_bits",
+                                  "recent", "rotation_seed"])
+def test_constructor_numbers_refuse_what_is_not_a_number(name, value):
+    args = {"n_kv_heads": 2, "max_seq": 10, "head_dim": 32}
+    kw = {}
+    (args if name in args else kw)[name] = value
+    with pytest.raises(TypeError, match=f"^{name} must be an int, got {_type_name(value)}$"):
+        ia.KVCache(*args.values(), **kw)

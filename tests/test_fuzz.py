@@ -8,7 +8,9 @@ It asserts, after every step:
 - a valid decode is finite, within the kernel's documented error of float64 attention over the
   cache's own ``dequantize()`` (1e-3 at ordinary logits, see ``decode_tolerance``), and the same
   bits on every tier this CPU has and for every thread count;
-- a saved and loaded cache holds and decodes exactly like the one saved.
+- a saved and loaded cache holds and decodes exactly like the one saved;
+- a cache emptied by evict (which sometimes forgets everything) holds and decodes from then on
+  exactly what a fresh cache fed the same later calls does.
 
 The regular run has a fixed budget (INT8ATTN_FUZZ_EXAMPLES machines, derandomized, so a CI
 failure replays); before a release run many more with fresh seeds:
@@ -25,7 +27,8 @@ import pytest
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, event, settings                             # noqa: E402
 from hypothesis import strategies as st                                         # noqa: E402
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule  # noqa: E402
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant,  # noqa: E402
+                                 precondition, rule)
 
 import int8attn as ia                                                           # noqa: E402
 from int8attn import _rules                                                     # noqa: E402
@@ -133,12 +136,13 @@ class CacheMachine(RuleBasedStateMachine):
         self.cap = data.draw(st.integers(1, 600), label="max_seq")
         fmt = data.draw(st.sampled_from([*ia.FORMATS.values(), {"rotation_seed": 2 ** 64 - 1}]),
                         label="format")
-        return (ia.Int8KVCache(self.hkv, self.cap, self.d, **fmt),
-                ia.Int8KVCache(self.hkv, self.cap, self.d, **fmt))
+        self.new_cache = lambda: ia.Int8KVCache(self.hkv, self.cap, self.d, **fmt)
+        return self.new_cache(), self.new_cache()
 
     @initialize(data=st.data())
     def make(self, data):
         self.cache, self.twin = self.new_caches(data)
+        self.fresh = None               # after an evict of everything: a new cache, same calls
         self.length = 0
         t = data.draw(st.integers(0, min(self.cap, 300)), label="prefill")
         k, k32 = draw_values(data, (t, self.hkv, self.d), "prefill k")
@@ -151,6 +155,25 @@ class CacheMachine(RuleBasedStateMachine):
     def length_is_tracked(self):
         if hasattr(self, "cache"):
             assert len(self.cache) == self.length <= self.cap
+
+    @invariant()
+    def an_emptied_cache_is_a_fresh_one(self):
+        """Since evict forgot everything, the cache holds what the fresh cache fed the same calls
+        holds: every array of its state, bit for bit (no offsets of the history forgotten, no
+        stale 4-bit K codes or group ranges)."""
+        if getattr(self, "fresh", None) is None:
+            return
+        a, b = self.cache.state_dict(), self.fresh.state_dict()
+        assert a.keys() == b.keys()
+        for key in a:
+            if key != "max_seq":
+                np.testing.assert_array_equal(np.asarray(a[key]), np.asarray(b[key]), err_msg=key)
+
+    def on_all(self, call):
+        """call(c) for the cache, its twin and the fresh cache when there is one."""
+        for c in (self.cache, self.twin, self.fresh):
+            if c is not None:
+                call(c)
 
     def expect_refused(self, call, what):
         event(f"{what} refused")
@@ -184,6 +207,8 @@ class CacheMachine(RuleBasedStateMachine):
         event("append stored")
         self.cache.append(k, v)
         self.twin.append(k32, v32)
+        if self.fresh is not None:
+            self.fresh.append(k32, v32)
         self.length += t
         assert_same_state(self.cache, snapshot(self.twin))
 
@@ -244,6 +269,9 @@ class CacheMachine(RuleBasedStateMachine):
             ia.set_num_threads(before)
         assert_tiers_agree(outs)
         out = outs["scalar"]
+        if self.fresh is not None:
+            np.testing.assert_array_equal(np.asarray(self.fresh.decode(q, **kw)).view(np.int32),
+                                          out.view(np.int32))
         assert out.shape == q32.shape and np.all(np.isfinite(out))
         kd, vd = self.cache.dequantize()
         assert np.all(np.isfinite(kd)) and np.all(np.isfinite(vd))
@@ -308,8 +336,7 @@ class CacheMachine(RuleBasedStateMachine):
         if not 0 <= n <= self.length:
             self.expect_refused(lambda: self.cache.truncate(n), "truncate")
             return
-        self.cache.truncate(n)
-        self.twin.truncate(n)
+        self.on_all(lambda c: c.truncate(n))
         self.length = n
 
     @rule(data=st.data())
@@ -318,18 +345,28 @@ class CacheMachine(RuleBasedStateMachine):
         n = step * data.draw(st.integers(0, self.length // step), label="n")
         if self.bad(data, ["n"]):
             n = data.draw(st.sampled_from([-1, self.length + 1, 2 ** 64, 31]), label="bad n")
-        if not (0 <= n <= self.length and n % step == 0):
+        if not (0 <= n <= self.length and (n % step == 0 or n == self.length)):
             self.expect_refused(lambda: self.cache.evict(n), "evict")
             return
-        self.cache.evict(n)
-        self.twin.evict(n)
+        self.on_all(lambda c: c.evict(n))
         self.length -= n
         assert_same_state(self.cache, snapshot(self.twin))
 
+    @precondition(lambda self: self.length > 0)
+    @rule()
+    def evict_everything(self):
+        """evict(len(cache)), at any length (whole K groups or not): from now on the cache must
+        be a fresh one fed the same calls."""
+        event("evicted everything" + (" with offsets" if self.cache.k_offset is not None else ""))
+        self.on_all(lambda c: c.evict(self.length))
+        self.length = 0
+        assert_same_state(self.cache, snapshot(self.twin))
+        if self.fresh is None:
+            self.fresh = self.new_cache()
+
     @rule()
     def reset(self):
-        self.cache.reset()
-        self.twin.reset()
+        self.on_all(lambda c: c.reset())
         self.length = 0
 
     @rule(data=st.data())
@@ -348,6 +385,8 @@ class CacheMachine(RuleBasedStateMachine):
         self.cache, self.cap = loaded, loaded.max_seq
         twin = kind.from_state_dict(self.twin.state_dict(), max_seq=self.cap)
         self.twin = twin
+        if self.fresh is not None:              # (the same capacity, for the appends to come)
+            self.fresh = kind.from_state_dict(self.fresh.state_dict(), max_seq=self.cap)
 
 
 class KV4Machine(CacheMachine):
@@ -363,8 +402,8 @@ class KV4Machine(CacheMachine):
                "keep_first": data.draw(st.booleans(), label="keep_first"),
                "recent": data.draw(st.sampled_from([32, 64, 100] if kb == 4 else [0, 16, 64]),
                                    label="recent")}
-        return (ia.KVCache(self.hkv, self.cap, self.d, **fmt),
-                ia.KVCache(self.hkv, self.cap, self.d, **fmt))
+        self.new_cache = lambda: ia.KVCache(self.hkv, self.cap, self.d, **fmt)
+        return self.new_cache(), self.new_cache()
 
 
 for _machine in (CacheMachine, KV4Machine):

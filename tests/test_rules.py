@@ -237,10 +237,11 @@ def test_evict_whole_groups(k_bits):
     c.append(np.ones((100, 1, 32)), np.ones((100, 1, 32)))
     assert R.evict_step(k_bits) == (32 if k_bits == 4 else 1)
     if k_bits == 4:
-        assert refused(lambda: c.evict(5)) == message(R.check_evict, 5, 4)
+        assert refused(lambda: c.evict(5)) == message(R.check_evict, 5, 100, 4)
         assert len(c) == 100
     else:
-        R.check_evict(5, 8)
+        R.check_evict(5, 100, 8)
+    R.check_evict(100, 100, k_bits)                    # all of them: at any length
     c.evict(R.evict_step(k_bits))
     c.evict(2 * R.evict_step(k_bits))
     assert len(c) == 100 - 3 * R.evict_step(k_bits)

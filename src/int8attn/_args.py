@@ -41,11 +41,17 @@ def int_from(value, name, low):
 
 
 def positive_float(value, name):
-    """value as a float, finite and above 0 also in float32 (the kernels' type)."""
-    try:
-        x = float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}") from None
+    """value as a float, finite and above 0 also in float32 (the kernels' type). A real number is
+    what has __float__ or __index__ (float() would also parse a str or bytes), but not a bool
+    (as for as_int)."""
+    x = None
+    if not isinstance(value, bool) and (hasattr(value, "__float__") or hasattr(value, "__index__")):
+        try:
+            x = float(value)
+        except (TypeError, ValueError, OverflowError):
+            pass
+    if x is None:
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     if not abs(x) <= _FLOAT32_MAX:
         raise ValueError(f"{name} must be finite in float32, got {value!r}")
     if not x > 0:

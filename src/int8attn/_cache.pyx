@@ -250,7 +250,7 @@ cdef class _Store:
 
     def _evict(self, size_t n):
         self._held(n)
-        _rules.check_evict(n, self.k_bits)
+        _rules.check_evict(n, self._c.length, self.k_bits)
         i8a_evict(i8a_load_tier(&_kt), &self._c, n)
 
     def _dequantize(self):

@@ -36,10 +36,11 @@
  * to 1). With a recent window the offsets are the mean of positions 1 .. R, set by the append
  * that brings the cache to R + 1 tokens, however the rows were split into appends (until then
  * the rows past position 0 are coded uncentered, and decode reads them only from the window);
- * a truncate back to R tokens or fewer forgets them while the window's floats are held. Without
- * a window the append that first reaches past position 0 sets them, to the mean of its own rows
- * past position 0, or to zeros when it holds fewer than I8A_OFFSET_MIN_ROWS of them (one row is
- * no mean); a truncate to 1 token or fewer forgets them. Either way a kv head whose mean fails
+ * a truncate or an evict back to R tokens or fewer forgets them while the window's floats are
+ * held (the rows past position 0 are coded uncentered again). Without a window the append that
+ * first reaches past position 0 sets them, to the mean of its own rows past position 0, or to
+ * zeros when it holds fewer than I8A_OFFSET_MIN_ROWS of them (one row is no mean); a truncate or
+ * an evict to 1 token or fewer forgets them. Either way a kv head whose mean fails
  * offset_keeps (one huge outlier) gets a zero offset. */
 #define I8A_OFFSET_MIN_ROWS 16
 
@@ -288,10 +289,12 @@ int i8a_prefill_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, con
                       const i8a_options *opt, size_t max_threads, float *out, size_t *bad);
 
 /* Forget the n oldest positions (n <= len; with K at 4 bits a multiple of I8A_K4_GROUP, so
- * the groups stay whole): position n + i becomes position i, and len shrinks
+ * the groups stay whole, or len: everything): position n + i becomes position i, and len shrinks
  * by n (a sliding-window layer's history past its window). With a kept first position, the new
  * position 0's float row is what decode read for it before (its window floats, or its
- * dequantized codes). The offsets, when the cache has them, stay. */
+ * dequantized codes). n = len is a truncate to 0: the cache is then as a fresh one. The offsets
+ * are forgotten as after a truncate to the same length (the header), else they stay; K's
+ * 4-bit buffers above the new length hold zeros, as a fresh cache's do. */
 void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n);
 
 /* The signs [d] (+-1) of the rotation with this seed: bit 63 of successive splitmix64 outputs

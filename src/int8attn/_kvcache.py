@@ -185,7 +185,8 @@ class KVCache(_cache._Store):
         return n
 
     def reset(self):
-        """Forget every token (capacity and buffers are kept)."""
+        """Forget every token (capacity and buffers are kept): the cache is then as a fresh one,
+        and codes what it is given next as a fresh one would (with center, new offsets)."""
         self.truncate(0)
 
     def truncate(self, n):
@@ -194,8 +195,8 @@ class KVCache(_cache._Store):
         then, when the tokens taken back since are at most ``recent`` (the ring's spare) or the
         cache has no recent window. Taking back more, the positions whose floats are gone are
         read from their codes until they leave the window. With center, truncating to before
-        the offsets were set (n <= 1, or n <= recent with a window) forgets them. 0 <= n <=
-        len(cache)."""
+        the offsets were set (n <= 1, or n <= recent with a window while the window's floats of
+        those tokens are held) forgets them, as ``evict`` does. 0 <= n <= len(cache)."""
         self._enter()
         try:
             self._truncate(self._tokens(n))
@@ -208,8 +209,13 @@ class KVCache(_cache._Store):
         sees). The tokens kept are read back exactly as before by a decode that sees them; with
         keep_first, the new first token's float row is what decode read for it (its floats in
         the recent window, else its dequantized codes, held within +-2**64 like every float
-        row), and centering keeps its offsets.
-        0 <= n <= len(cache); with k_bits=4 a multiple of 32 (K's groups stay whole)."""
+        row). With center, the offsets stay unless the tokens left are as few as ``truncate``
+        forgets them at (1 or none; with a window, at most ``recent`` with their floats held):
+        then they go, the tokens left are coded uncentered again (decode reads them from the
+        window: its results do not change), and the next appends set new offsets as a fresh
+        cache's would. ``evict(len(cache))`` is ``reset()``.
+        0 <= n <= len(cache); with k_bits=4 a multiple of 32 (K's groups stay whole) or
+        len(cache)."""
         self._enter()
         try:
             self._evict(self._tokens(n))         # (the store checks K's whole groups)

@@ -183,16 +183,17 @@ def check_center(keep_first, center, k_bits, v_bits, src=ARGS):
 # -- evict -----------------------------------------------------------------------------------
 
 def evict_step(k_bits):
-    """What evict's count must be a multiple of: K4_GROUP with K at 4 bits (K's groups of
-    positions share their ranges, so a group leaves whole), else 1."""
+    """What evict's count must be a multiple of, when it leaves some tokens: K4_GROUP with K at
+    4 bits (K's groups of positions share their ranges, so a group leaves whole), else 1."""
     return F.K4_GROUP if k_bits == 4 else 1
 
 
-def check_evict(n, k_bits):
-    """n (the tokens evict forgets) is a multiple of evict_step(k_bits)."""
-    if n % evict_step(k_bits):
+def check_evict(n, length, k_bits):
+    """n (the tokens evict forgets, of the cache's `length`) is a multiple of
+    evict_step(k_bits), or all of them: forgetting everything leaves no group in part."""
+    if n % evict_step(k_bits) and n != length:
         raise ValueError(f"n must be a multiple of {F.K4_GROUP} with k_bits=4 (K's groups of "
-                         f"{F.K4_GROUP} positions stay whole), got {n}")
+                         f"{F.K4_GROUP} positions stay whole), or len(cache)={length}, got {n}")
 
 
 # -- all of them ----------------------------------------------------------------------------

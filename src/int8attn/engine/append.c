@@ -1,5 +1,6 @@
-/* append and truncate: which rows a position is coded from (the append's own, or the ring's
- * halves), their codes and scales, K's groups at 4 bits, and the ring of the recent window. */
+/* append, truncate and evict: which rows a position is coded from (the append's own, or the
+ * ring's halves), their codes and scales, K's groups at 4 bits, the ring of the recent window,
+ * and what a cache that shrank forgets (K's groups past its rows, the offsets). */
 #include "internal.h"
 
 #include <string.h>
@@ -203,27 +204,52 @@ int i8a_append(const i8a_kernels *kt, i8a_cache *c, const float *k, const float 
     return 0;
 }
 
-/* K at 4 bits after a truncate from len to n: the groups no longer complete hold what they
- * held before they were first coded (zeros), so that the cache holds what it held after its
- * n-th append; but the first of them keeps its codes when some of its positions have no
- * floats left (a truncate deeper than the ring), which then serve those positions. */
-static void k4_forget_groups(i8a_cache *c, size_t len, size_t n)
+/* K at 4 bits, the cache shrunk from len positions to its length: the groups from `first` on,
+ * and the codes of the positions from min(length, first * I8A_K4_GROUP) to the end of the groups
+ * len reached, hold zeros again, what they held before they were first coded. Above the length
+ * nothing is kept (no later state shows codes of a history the cache no longer holds: a group's
+ * codes are written when it fills, and a partial group's are exported as they lie); below it,
+ * the positions of the groups from `first` on are read from their floats until their group
+ * fills again. */
+static void k4_zero(i8a_cache *c, size_t first, size_t len)
 {
-    const size_t d = c->head_dim, groups = i8a_k4_groups(c->max_seq);
-    size_t first = n / I8A_K4_GROUP;
-    if (c->held_from > first * I8A_K4_GROUP)
-        first++;
-    const size_t end = i8a_k4_groups(len);
-    if (first >= end)
-        return;
-    const size_t rows = (len < end * I8A_K4_GROUP ? len : end * I8A_K4_GROUP) - first * I8A_K4_GROUP;
+    const size_t d = c->head_dim, cap = c->max_seq, groups = i8a_k4_groups(cap);
+    const size_t end = i8a_k4_groups(len), from = first * I8A_K4_GROUP;
+    const size_t a = c->length < from ? c->length : from;
+    const size_t b = end * I8A_K4_GROUP < cap ? end * I8A_K4_GROUP : cap;
     for (size_t g = 0; g < c->n_kv_heads; g++) {
-        const size_t at = g * groups + first;
-        memset(k4_row_codes(c, g, first * I8A_K4_GROUP), 0, rows * (d / 2));
-        memset(c->k4_min + at * d, 0, (end - first) * d * sizeof(uint16_t));
-        memset(c->k4_step + at * d, 0, (end - first) * d * sizeof(uint16_t));
-        memset(c->k4_min_scale + at, 0, (end - first) * sizeof(float));
-        memset(c->k4_step_scale + at, 0, (end - first) * sizeof(float));
+        if (b > a)
+            memset(k4_row_codes(c, g, a), 0, (b - a) * (d / 2));
+        if (end > first) {
+            const size_t at = g * groups + first;
+            memset(c->k4_min + at * d, 0, (end - first) * d * sizeof(uint16_t));
+            memset(c->k4_step + at * d, 0, (end - first) * d * sizeof(uint16_t));
+            memset(c->k4_min_scale + at, 0, (end - first) * sizeof(float));
+            memset(c->k4_step_scale + at, 0, (end - first) * sizeof(float));
+        }
+    }
+}
+
+/* Centering, the cache shrunk to n = length tokens (a truncate or an evict): the offsets go when
+ * the cache is back to before they were set, so that the next rows set them as a fresh cache's
+ * would: without a window at n <= 1; with one at n <= R while the floats of positions 1 .. n-1
+ * are held, the rows past position 0 then coded uncentered again from them (what the appends
+ * alone left; decode reads those rows from the window, so its results do not change). Taken
+ * further than the ring (held_from > 1), the rows have no floats to be coded from, and the
+ * offsets stay. */
+static void offsets_after_shrink(const i8a_kernels *kt, i8a_cache *c)
+{
+    const size_t n = c->length;
+    if (!has_offsets(c))
+        return;
+    if (!c->recent && n <= 1) {
+        c->offsets_set = 0;
+    } else if (c->recent && n <= c->recent && c->held_from <= 1) {
+        const row_source src_k = {kt, c, NULL, c->k_recent, c->k_rscale, n};
+        const row_source src_v = {kt, c, NULL, c->v_recent, c->v_rscale, n};
+        c->offsets_set = 0;
+        size_t unused;
+        code_rows(kt, c, &src_k, &src_v, 1, n, &unused);
     }
 }
 
@@ -233,19 +259,30 @@ void i8a_truncate(const i8a_kernels *kt, i8a_cache *c, size_t n)
     const size_t len = c->length;
     c->length = n;
     c->held_from = c->held_from < n ? c->held_from : n;
-    if (c->k_bits == 4)
-        k4_forget_groups(c, len, n);
-    if (!has_offsets(c))
-        return;
-    if (!c->recent && n <= 1) {
-        c->offsets_set = 0;
-    } else if (c->recent && n <= c->recent && c->held_from <= 1) {
-        /* back to before the offsets: the rows past position 0 coded uncentered again, as the
-         * appends that brought the cache to n tokens left them */
-        const row_source src_k = {kt, c, NULL, c->k_recent, c->k_rscale, n};
-        const row_source src_v = {kt, c, NULL, c->v_recent, c->v_rscale, n};
-        c->offsets_set = 0;
-        size_t unused;
-        code_rows(kt, c, &src_k, &src_v, 1, n, &unused);
+    if (c->k_bits == 4) {
+        /* the groups no longer complete are forgotten, but the first of them keeps its codes
+         * when some of its positions have no floats left (a truncate deeper than the ring),
+         * which then serve those positions */
+        size_t first = n / I8A_K4_GROUP;
+        if (c->held_from > first * I8A_K4_GROUP)
+            first++;
+        k4_zero(c, first, len);
     }
+    offsets_after_shrink(kt, c);
+}
+
+void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n)
+{
+    const size_t len = c->length;
+    I8A_EXPECT(n <= len && (c->k_bits == 8 || n % I8A_K4_GROUP == 0 || n == len));
+    if (n == 0)
+        return;
+    if (n == len) {                     /* forgetting everything: what reset does */
+        i8a_truncate(kt, c, 0);
+        return;
+    }
+    i8a_move_down(kt, c, n);
+    if (c->k_bits == 4)                 /* whole groups moved: none above them is coded */
+        k4_zero(c, i8a_k4_groups(c->length), len);
+    offsets_after_shrink(kt, c);
 }

@@ -1,11 +1,11 @@
 /* The engine's own declarations, shared by its files (the public API is ../_engine.h).
  *
  *   store.c   the buffers: which a format has (i8a_store_layout), where each position's codes,
- *             scales and floats lie, reading and writing them, dequantize, evict, the rotation
- *             signs, aligned allocation
+ *             scales and floats lie, reading and writing them, dequantize, moving the rows down
+ *             (evict's part), the rotation signs, aligned allocation
  *   state.c   the rows in and out as the file holds them (i8a_export, i8a_import)
- *   append.c  append and truncate: which rows a position is coded from, quantizing them, K's
- *             groups at 4 bits
+ *   append.c  append, truncate and evict: which rows a position is coded from, quantizing them,
+ *             K's groups at 4 bits, what a cache that shrank forgets
  *   center.c  the offsets of a centered cache
  *   plan.c    what a decode reads and how it splits (visibility, the cost model, the workspace):
  *             i8a_plan_decode
@@ -186,6 +186,14 @@ void i8a_v4_store(const i8a_cache *c, size_t g, size_t pos, const float *y);
 /* K at 4 bits of kv head g at position pos as floats y [d]: min_i + step_i * code (its group's
  * minima and steps, halves times their powers of two; multiply, then add). */
 void i8a_k4_value(const i8a_cache *c, size_t g, size_t pos, float *y);
+
+/* Evict's part in the buffers: positions n .. len-1 move down to 0 .. len-n-1 (codes and scales,
+ * V's tiles, at 4 bits K's whole groups), the ring's shift follows them, and len shrinks by n;
+ * with a kept first position, the new position 0's float row is what decode read for it (its
+ * window floats, or its dequantized codes held within +-I8A_VALUE_MAX). What lies above the new
+ * length is left as it was (i8a_evict clears K's 4-bit buffers there). Requires 1 <= n < len (an
+ * evict of everything is a truncate to 0) and, with K at 4 bits, n a multiple of I8A_K4_GROUP. */
+void i8a_move_down(const i8a_kernels *kt, i8a_cache *c, size_t n);
 
 /* -- append (append.c, center.c; the rows an append codes from, in store.c) ------------------ */
 

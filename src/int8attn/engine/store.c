@@ -1,6 +1,7 @@
 /* The cache's buffers: which a format has and their sizes (i8a_store_layout), binding them to a
- * cache, V codes into and out of their tiles, 4-bit V rows and K values, dequantize, evict (the
- * rows move down), the rotation signs, and the aligned allocation every buffer comes from. */
+ * cache, V codes into and out of their tiles, 4-bit V rows and K values, dequantize, the rows
+ * moving down (evict's part), the rotation signs, and the aligned allocation every buffer comes
+ * from. */
 #if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 200112L      /* posix_memalign */
 #endif
@@ -292,13 +293,11 @@ void i8a_dequantize(const i8a_kernels *kt, const i8a_cache *c, float *k, float *
     }
 }
 
-void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n)
+void i8a_move_down(const i8a_kernels *kt, i8a_cache *c, size_t n)
 {
-    I8A_EXPECT(n <= c->length);
+    I8A_EXPECT(n >= 1 && n < c->length && (c->k_bits == 8 || n % I8A_K4_GROUP == 0));
     const size_t d = c->head_dim, hkv = c->n_kv_heads, cap = c->max_seq, keep = c->length - n;
-    if (n == 0)
-        return;
-    if (c->k_first && keep > 0) {   /* position n, as decode read it, becomes the float row */
+    if (c->k_first) {               /* position n, as decode read it, becomes the float row */
         if (n >= window_start(c)) {
             for (size_t g = 0; g < hkv; g++) {
                 widen_row(c, c->k_recent, c->k_rscale, g, slot_of(c, n), c->k_first + g * d);
@@ -317,7 +316,6 @@ void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n)
             }
         }
     }
-    I8A_EXPECT(c->k_bits == 8 || n % I8A_K4_GROUP == 0);
     const size_t groups = i8a_k4_groups(cap), gone = n / I8A_K4_GROUP;
     const size_t kept_groups = i8a_k4_groups(keep);
     for (size_t g = 0; g < hkv; g++) {
