@@ -204,3 +204,21 @@ def test_prefill_batch_refuses_one_bad_cache_and_appends_to_none():
     assert len(caches[0]) == 10 and len(small) == 0
     with pytest.raises(ValueError, match=r"k must have shape \[B, T, Hkv, D\] with B=3"):
         ia.prefill_batch(caches, kb[0], vb[0], qb[0])
+
+
+@pytest.mark.parametrize("keep_first", [False, True])
+def test_prefill_after_a_deep_truncate_with_k_at_4_bits(tier, keep_first):
+    """A truncate deeper than the ring leaves positions of K's open group without floats, read
+    from the group's old codes until the group fills and is coded again: the queries of a
+    prefill before that row read the old codes, as single decodes do (the call splits there)."""
+    rng = np.random.default_rng(9)
+    k, v, q = _rows(rng, 200, 2, 4, 32)
+    caches = [ia.KVCache(2, 200, 32, k_bits=4, v_bits=4, recent=32, keep_first=keep_first)
+              for _ in range(2)]
+    for c in caches:
+        c.append(k[:100], v[:100])       # the ring holds positions 36 .. 99
+        c.truncate(40)                   # 32 .. 35 of group 1 without floats
+    got = caches[0].prefill(k[100:130], v[100:130], q[100:130])
+    want = _token_by_token(caches[1], k[100:130], v[100:130], q[100:130])
+    np.testing.assert_array_equal(got, want)
+    _same_state(*caches)

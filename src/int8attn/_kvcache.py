@@ -304,7 +304,9 @@ class KVCache(_cache._Store):
         reads the history a single decode right after its own token's append read, bit for
         bit (its recent window from the floats of those positions, which the call keeps
         whatever T is), so a prompt prefilled in one call, in chunks of any sizes or token by
-        token gives the same outputs and the same cache.
+        token gives the same outputs and the same cache. (One exception, by the format: a
+        centered cache without a window takes its offsets from the first append past position
+        0, so they depend on how the rows were split.)
 
         Parameters
         ----------

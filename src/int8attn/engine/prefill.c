@@ -87,34 +87,32 @@ static i8a_cache view_of(const i8a_cache *c, const window_copy *w, size_t end)
 /* Jobs on the stack up to this batch size, beyond it on the heap. */
 #define I8A_PREFILL_STACK 8
 
-int i8a_prefill_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *k,
-                      const float *v, const float *q, size_t t, size_t h,
-                      const i8a_options *opt, size_t max_threads, float *out, size_t *bad)
+/* K at 4 bits: a group is coded when its last position is appended, and a truncate deeper
+ * than the ring leaves positions of the group holding position len without floats, read from
+ * the group's old codes until it fills. The rows of an append of t before the one that fills
+ * it, when those positions exist and it fills within the t (else t): a call splits there, so
+ * that the queries before it read the old codes, as single decodes did. */
+static size_t rows_before_recode(const i8a_cache *c, size_t t)
 {
-    I8A_EXPECT(n >= 1 && t >= 1);
-    const size_t hkv = cs[0]->n_kv_heads, d = cs[0]->head_dim, kv_size = t * hkv * d;
-    const size_t q_size = t * h * d;
-    /* every row of every cache checked before anything is written */
-    const float q_limit = i8a_q_limit(opt->scale);
-    for (size_t b = 0; b < n; b++) {
-        I8A_EXPECT(cs[b]->length + t <= cs[b]->max_seq);
-        size_t row = 0;
-        int refused = i8a_check_rows(k + b * kv_size, v + b * kv_size, t * hkv, d, &row);
-        if (refused) {
-            *bad = b * t * hkv + row;
-            return refused;
-        }
-        for (row = 0; row < t * h; row++) {
-            refused = i8a_check_query(q + b * q_size + row * d, d, q_limit);
-            if (refused) {
-                *bad = b * t * h + row;
-                return 3 + refused;
-            }
-        }
-    }
+    const size_t len = c->length, first = len - len % I8A_K4_GROUP;
+    const size_t from = c->k_first && first == 0 ? 1 : first;   /* (position 0 kept apart) */
+    if (c->k_bits != 4 || len % I8A_K4_GROUP == 0 || c->held_from <= from)
+        return t;
+    const size_t before = first + I8A_K4_GROUP - 1 - len;
+    return before >= 1 && before < t ? before : t;
+}
+
+/* The call on rows and queries already checked, at t rows per cache (cache b's at k + b * t *
+ * hkv * d, ...). Returns 0, or 3 when memory cannot be allocated (the caches then unchanged). */
+static int prefill_pass(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *k,
+                        const float *v, const float *q, size_t t, size_t h,
+                        const i8a_options *opt, size_t max_threads, float *out)
+{
+    const size_t kv_size = t * cs[0]->n_kv_heads * cs[0]->head_dim;
+    size_t unused_bad;
     window_copy stack_copies[I8A_PREFILL_STACK];
     i8a_cache stack_views[I8A_PREFILL_STACK];
-    i8a_cache *stack_ptrs[I8A_PREFILL_STACK];
+    i8a_cache *stack_ptrs[I8A_PREFILL_STACK] = {NULL};
     window_copy *copies = stack_copies;
     i8a_cache *views = stack_views, **ptrs = stack_ptrs;
     if (n > I8A_PREFILL_STACK) {
@@ -151,13 +149,11 @@ int i8a_prefill_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, con
             ptrs[b] = &views[b];
         }
         /* q checked and the workspaces grown above: this returns 0 */
-        rc = i8a_decode_batch(kt, ptrs, n, q, t, h, opt, max_threads, out, bad);
+        rc = i8a_decode_batch(kt, ptrs, n, q, t, h, opt, max_threads, out, &unused_bad);
         for (size_t b = 0; b < n; b++) {        /* (the workspace is the cache's) */
             cs[b]->work = views[b].work;
             cs[b]->work_bytes = views[b].work_bytes;
         }
-        if (rc == 1 || rc == 2)
-            rc += 3;
     }
     for (size_t b = 0; b < made; b++)
         i8a_free_aligned(copies[b].k);
@@ -167,4 +163,53 @@ int i8a_prefill_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, con
         free(ptrs);
     }
     return rc;
+}
+
+int i8a_prefill_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *k,
+                      const float *v, const float *q, size_t t, size_t h,
+                      const i8a_options *opt, size_t max_threads, float *out, size_t *bad)
+{
+    I8A_EXPECT(n >= 1 && t >= 1);
+    const size_t hkv = cs[0]->n_kv_heads, d = cs[0]->head_dim, kv_size = t * hkv * d;
+    const size_t q_size = t * h * d;
+    /* every row of every cache checked before anything is written */
+    const float q_limit = i8a_q_limit(opt->scale);
+    for (size_t b = 0; b < n; b++) {
+        I8A_EXPECT(cs[b]->length + t <= cs[b]->max_seq);
+        size_t row = 0;
+        int refused = i8a_check_rows(k + b * kv_size, v + b * kv_size, t * hkv, d, &row);
+        if (refused) {
+            *bad = b * t * hkv + row;
+            return refused;
+        }
+        for (row = 0; row < t * h; row++) {
+            refused = i8a_check_query(q + b * q_size + row * d, d, q_limit);
+            if (refused) {
+                *bad = b * t * h + row;
+                return 3 + refused;
+            }
+        }
+    }
+    int split = 0;
+    for (size_t b = 0; b < n; b++)
+        split |= rows_before_recode(cs[b], t) < t;
+    if (!split)
+        return prefill_pass(kt, cs, n, k, v, q, t, h, opt, max_threads, out);
+    /* one cache at a time then, in two parts where it splits (an allocation that fails leaves
+     * the caches before it appended) */
+    for (size_t b = 0; b < n; b++) {
+        i8a_cache *c = cs[b];
+        const size_t s = rows_before_recode(c, t), part[2][2] = {{0, s}, {s, t}};
+        for (size_t i = 0; i < 2; i++) {
+            const size_t a = part[i][0], rows = part[i][1] - a;
+            if (rows == 0)
+                continue;
+            const int rc = prefill_pass(kt, &c, 1, k + b * kv_size + a * hkv * d,
+                                        v + b * kv_size + a * hkv * d, q + b * q_size + a * h * d,
+                                        rows, h, opt, max_threads, out + b * q_size + a * h * d);
+            if (rc != 0)
+                return rc;
+        }
+    }
+    return 0;
 }
