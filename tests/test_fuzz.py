@@ -8,7 +8,8 @@ It asserts, after every step:
 - a valid decode is finite, within the kernel's documented error of float64 attention over the
   cache's own ``dequantize()`` (1e-3 at ordinary logits, see ``decode_tolerance``), and the same
   bits on every tier this CPU has and for every thread count;
-- a saved and loaded cache holds and decodes exactly like the one saved.
+- a saved and loaded cache holds (its state_dict(), bit for bit) and decodes exactly like the
+  one saved.
 
 And a state of a random cache with one field removed or perturbed (its dtype, shape, a bit, a
 value out of range or of another type, window or group rows that are not halves) either loads
@@ -290,12 +291,14 @@ class CacheMachine(RuleBasedStateMachine):
     def save_and_load(self, data):
         import io
         f = io.BytesIO()
+        saved = self.cache.state_dict()
         self.cache.save(f)
         f.seek(0)
         grow = data.draw(st.integers(0, 20), label="extra capacity")
         kind = type(self.cache)
         loaded = kind.load(f, max_seq=self.cap + grow if grow else None)
         assert_same_state(loaded, snapshot(self.cache))
+        assert_loads_exactly(dict(saved, max_seq=loaded.max_seq), loaded)     # bit for bit
         if self.length:
             q = np.random.default_rng(self.length).standard_normal((self.hkv, self.d)).astype(np.float32)
             np.testing.assert_array_equal(loaded.decode(q), self.cache.decode(q))
