@@ -1,4 +1,5 @@
 import contextlib
+import gc
 import os
 
 import numpy as np
@@ -133,6 +134,52 @@ def assert_same_state(cache, snap):
         assert (a is None) == (b is None)
         if a is not None:
             np.testing.assert_array_equal(a, b)
+
+
+# The fields each file format version writes (docs/architecture.md, "The file format"): those
+# it added and every earlier version's, and each side's codes and scales by its bits.
+WRITES = {1: ("format", "format_version", "n_kv_heads", "max_seq", "head_dim", "length",
+              "rotate", "rotation_seed", "rotation_block"),
+          2: ("keep_first", "center", "k_first", "v_first", "k_offset", "v_offset"),
+          3: ("offsets_set", "recent", "k_recent", "v_recent"),
+          4: ("k_bits", "v_bits")}
+SIDE_ARRAYS = {("k", 8): ("k_i8", "k_scale"), ("v", 8): ("v_i8", "v_scale"),
+               ("k", 4): ("k_codes", "k_group_min", "k_group_step"),
+               ("v", 4): ("v_codes", "v_min", "v_scale")}
+
+
+def written(state):
+    """The fields a state's format_version writes, for its sides' bits (8 before version 4)."""
+    version = int(state["format_version"])
+    bits = (int(state["k_bits"]), int(state["v_bits"])) if version >= 4 else (8, 8)
+    return [*(key for v in range(1, version + 1) for key in WRITES[v]),
+            *SIDE_ARRAYS["k", bits[0]], *SIDE_ARRAYS["v", bits[1]]]
+
+
+def assert_loads_exactly(given, cache):
+    """cache, loaded from the state `given` without a new max_seq, gives it back: every field
+    given's format_version writes, bit for bit and of the same kind (bool, integer, the array's
+    dtype and shape). The documented upgrades of older versions: format_version becomes the
+    current one, and version 3's window rows are rounded to halves (files from before them)."""
+    got = cache.state_dict()
+    version = int(given["format_version"])
+    for key in written(given):
+        a, b = np.asarray(given[key]), np.asarray(got[key])
+        if key == "format_version":
+            a = np.asarray(4)
+        elif key.endswith("_recent") and version == 3:
+            a = R.half_rows(a)
+        if a.ndim == 0 and a.dtype.kind in "biu":
+            assert (a.dtype.kind == "b") == (b.dtype.kind == "b") and a.item() == b.item(), key
+        else:
+            assert (a.dtype, a.shape) == (b.dtype, b.shape), (key, a.dtype, a.shape, b.dtype, b.shape)
+            assert a.tobytes() == b.tobytes(), key
+
+
+def live_caches():
+    """How many caches exist (after a collection): a refused load must leave none behind."""
+    gc.collect()
+    return sum(isinstance(o, ia.KVCache) for o in gc.get_objects())
 
 
 def attention_over_history(cache, q, **options):

@@ -8,9 +8,17 @@ It asserts, after every step:
 - a valid decode is finite, within the kernel's documented error of float64 attention over the
   cache's own ``dequantize()`` (1e-3 at ordinary logits, see ``decode_tolerance``), and the same
   bits on every tier this CPU has and for every thread count;
-- a saved and loaded cache holds and decodes exactly like the one saved;
+- a saved and loaded cache holds (its state_dict(), bit for bit) and decodes exactly like the
+  one saved;
 - a cache emptied by evict (which sometimes forgets everything) holds and decodes from then on
-  exactly what a fresh cache fed the same later calls does.
+  exactly what a fresh cache fed the same later calls does;
+- a prefill of T rows (up to several times the recent window) gives the bits of T single
+  append-then-decode steps, and a decode past the ring's reach is refused.
+
+And a state of a random cache with one field removed or perturbed (its dtype, shape, a bit, a
+value out of range or of another type, window or group rows that are not halves) either loads
+exactly (the loaded cache's state_dict() is the state, bit for bit) or is refused with a
+ValueError naming a field, leaving no cache behind (test_a_perturbed_state_...).
 
 The regular run has a fixed budget (INT8ATTN_FUZZ_EXAMPLES machines, derandomized, so a CI
 failure replays); before a release run many more with fresh seeds:
@@ -25,15 +33,16 @@ import numpy as np
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, event, settings                             # noqa: E402
+from hypothesis import HealthCheck, Phase, event, given, settings                             # noqa: E402
 from hypothesis import strategies as st                                         # noqa: E402
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant,  # noqa: E402
                                  precondition, rule)
 
 import int8attn as ia                                                           # noqa: E402
 from int8attn import _rules                                                     # noqa: E402
-from conftest import (EMULATED, assert_same_state, assert_tiers_agree, each_tier,  # noqa: E402
-                      attention_over_history, snapshot)
+from conftest import (EMULATED, assert_loads_exactly, assert_same_state,  # noqa: E402
+                      assert_tiers_agree, attention_over_history, each_tier, live_caches,
+                      snapshot)
 
 EXAMPLES = int(os.environ.get("INT8ATTN_FUZZ_EXAMPLES", "15" if EMULATED else "100"))
 TOP = 2.0 ** 64                                  # the format's range: _format.VALUE_MAX
@@ -376,12 +385,14 @@ class CacheMachine(RuleBasedStateMachine):
     def save_and_load(self, data):
         import io
         f = io.BytesIO()
+        saved = self.cache.state_dict()
         self.cache.save(f)
         f.seek(0)
         grow = data.draw(st.integers(0, 20), label="extra capacity")
         kind = type(self.cache)
         loaded = kind.load(f, max_seq=self.cap + grow if grow else None)
         assert_same_state(loaded, snapshot(self.cache))
+        assert_loads_exactly(dict(saved, max_seq=loaded.max_seq), loaded)     # bit for bit
         if self.length:
             q = np.random.default_rng(self.length).standard_normal((self.hkv, self.d)).astype(np.float32)
             np.testing.assert_array_equal(loaded.decode(q), self.cache.decode(q))
@@ -416,3 +427,127 @@ for _machine in (CacheMachine, KV4Machine):
         suppress_health_check=list(HealthCheck))
 test_cache_machine = CacheMachine.TestCase
 test_kv4_machine = KV4Machine.TestCase
+
+
+# -- a state with one field removed or perturbed ---------------------------------------------
+
+def perturbed(data, state):
+    """state with one field removed or changed, the field's name and how."""
+    key = data.draw(st.sampled_from(sorted(state)), label="field")
+    a = np.asarray(state[key])
+    ways = ["remove", "type"]
+    if a.ndim == 0:
+        ways += ["value", "dtype"]
+    else:
+        ways += ["dtype", "shape"] + (["bit flip", "value"] if a.size else [])
+        ways += ["not halves"] if a.size and a.dtype == np.float32 else []
+        ways += ["byte order"] if a.dtype.itemsize > 1 else []
+    how = data.draw(st.sampled_from(ways), label="how")
+    out = dict(state)
+    if how == "remove":
+        del out[key]
+        return out, key, how
+    if how == "type":
+        new = data.draw(st.sampled_from(["text", "list", "float", "none", "bytes"]), label="type")
+        out[key] = {"text": str(a.tolist())[:20], "list": [a.tolist()], "float": 1.5,
+                    "none": None, "bytes": b"\x01"}[new]
+        return out, key, how
+    if how == "dtype":
+        kinds = [np.bool_, np.int8, np.uint8, np.int32, np.uint64, np.float16, np.float64]
+        dtype = data.draw(st.sampled_from([k for k in kinds if k != a.dtype]), label="dtype")
+        with np.errstate(all="ignore"):
+            out[key] = a.astype(dtype) if a.dtype.kind != "U" else np.asarray(1, dtype)
+        return out, key, how
+    if how == "byte order":
+        out[key] = a.astype(a.dtype.newbyteorder())
+        return out, key, how
+    if how == "shape":
+        axis = data.draw(st.integers(0, a.ndim - 1), label="axis")
+        if a.shape[axis] and not data.draw(st.booleans(), label="grow"):
+            out[key] = np.delete(a, -1, axis)
+        else:
+            extra = list(a.shape)
+            extra[axis] = 1
+            out[key] = np.concatenate([a, np.zeros(extra, a.dtype)], axis)
+        return out, key, how
+    if a.ndim == 0:                              # a value: an int or a bool
+        if a.dtype.kind == "b":
+            out[key] = np.bool_(not a)
+        elif a.dtype.kind in "iu":
+            v = int(a)
+            new = data.draw(st.sampled_from([v + 1, v - 1, 0, -1, 2 ** 63 - 1, 2 ** 64 - 1]),
+                            label="value")
+            out[key] = np.uint64(new) if new >= 2 ** 63 else np.int64(new)
+        else:
+            out[key] = np.asarray("int8attn.KVCache")
+        return out, key, how
+    b = a.copy()
+    flat = b.reshape(-1)
+    i = data.draw(st.integers(0, flat.size - 1), label="element")
+    if how == "bit flip":
+        bits = flat.view(f"u{b.dtype.itemsize}")
+        bits[i] ^= bits.dtype.type(1) << bits.dtype.type(
+            data.draw(st.integers(0, 8 * b.dtype.itemsize - 1), label="bit"))
+    elif how == "not halves":
+        flat[i] = np.nextafter(flat[i], np.float32(np.inf))
+    elif b.dtype.kind == "f":
+        flat[i] = data.draw(st.sampled_from([np.nan, np.inf, -0.0, 0.0, 1e38, -1e-45, 3.0]),
+                            label="value")
+    else:
+        info = np.iinfo(b.dtype)
+        flat[i] = data.draw(st.sampled_from([info.min, info.max, 16, 0]), label="value")
+    out[key] = b
+    return out, key, how
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None,
+          phases=[p for p in Phase if p is not Phase.explain],
+          derandomize=not os.environ.get("INT8ATTN_FUZZ_RANDOM"),
+          suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_a_perturbed_state_loads_exactly_or_is_refused(data):
+    import io
+    hkv = data.draw(st.integers(1, 3), label="n_kv_heads")
+    d = data.draw(st.sampled_from([32, 64, 96]), label="head_dim")
+    cap = data.draw(st.integers(1, 300), label="max_seq")
+    widths = data.draw(st.sampled_from([(8, 8), (4, 4), (8, 4), (4, 8)]), label="k_bits, v_bits")
+    if widths == (8, 8):
+        fmt = dict(data.draw(st.sampled_from(list(ia.FORMATS.values())), label="format"))
+    else:
+        fmt = {"keep_first": data.draw(st.booleans(), label="keep_first"),
+               "rotate": data.draw(st.booleans(), label="rotate"),
+               "recent": data.draw(st.sampled_from([32, 64] if widths[0] == 4 else [0, 16]),
+                                   label="recent")}
+    cache = ia.KVCache(hkv, cap, d, k_bits=widths[0], v_bits=widths[1], **fmt)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1), label="seed"))
+    n = data.draw(st.integers(0, cap), label="length")
+    if n:
+        cache.append(rng.standard_normal((n, hkv, d)) + 2, rng.standard_normal((n, hkv, d)))
+    back = data.draw(st.integers(0, n), label="truncate to")     # fewer window rows, offsets
+    cache.truncate(back)
+    state, key, how = perturbed(data, cache.state_dict())
+    event(f"{how} {key}")
+    f = None
+    if data.draw(st.booleans(), label="through a file"):
+        f = io.BytesIO()
+        np.savez(f, **state)
+        f.seek(0)
+    before = live_caches()
+    try:
+        loaded, msg = ia.KVCache.load(f) if f else ia.KVCache.from_state_dict(state), None
+    except ValueError as e:
+        loaded, msg = None, str(e)
+    if msg is not None:
+        event("refused")
+        if how == "remove":
+            assert msg in (f"state lacks {key}, which format_version 4 writes",
+                           f"state lacks {key}: not an int8attn cache"), msg
+        elif np.ndim(cache.state_dict()[key]) or how == "type":
+            assert key in msg, msg                       # the array or the value itself
+        else:                                            # a setting: it or what it sizes
+            assert any(k in msg for k in state), msg
+        assert live_caches() == before                   # (the exception is gone by now)
+        return
+    event("loaded")
+    assert how != "remove"                               # every field of version 4 is required
+    assert_loads_exactly(state, loaded)

@@ -122,18 +122,23 @@ def test_save_load_records_the_rotation(tmp_path):
     state = cache.state_dict()
     assert state["rotation_block"] == 32
     state["rotation_block"] = 16
-    with pytest.raises(ValueError, match="rotation does not match"):
+    with pytest.raises(ValueError, match="state rotation_block must be 32 for head_dim 96 with "
+                                         "rotate=True, got 16"):
         ia.Int8KVCache.from_state_dict(state)
 
 
 def test_state_without_rotation_keys_loads_unrotated(tmp_path):
-    """Files written before the rotation existed hold plain codes: they load with rotate=False
-    although the default now rotates, and decode as they did."""
+    """Files written before the rotation existed (version 1, 365dbfb: the shape, the codes and
+    the scales) hold plain codes: they load with rotate=False although the default now rotates,
+    and decode as they did."""
     rng = np.random.default_rng(6)
     k, v = make_kv(rng, 30, 2, 64)
-    plain = ia.Int8KVCache(2, 40, 64, rotate=False)
+    plain = ia.Int8KVCache(2, 40, 64, rotate=False, keep_first=False, recent=0)
     plain.append(k, v)
-    state = {key: val for key, val in plain.state_dict().items() if not key.startswith("rotat")}
+    written = ("format", "n_kv_heads", "max_seq", "head_dim", "length", "k_i8", "v_i8",
+               "k_scale", "v_scale")
+    state = {key: plain.state_dict()[key] for key in written}
+    state["format_version"] = 1
     np.savez(tmp_path / "old.npz", **state)
     for back in (ia.Int8KVCache.from_state_dict(state), ia.Int8KVCache.load(tmp_path / "old.npz")):
         assert back.rotate is False

@@ -172,11 +172,14 @@ def test_rotation_seed(bad):
 
 
 def test_rotation_seed_in_a_state():
-    # the loader names the rotation as a whole (block and seed); seed_in_range is its rule
+    # the loader checks the seed by the constructor's rule (with rotate or without: the cache
+    # keeps it either way)
     assert not R.seed_in_range(-1)
-    got = refused(lambda: load(state(), rotation_seed=np.int64(-1)))
-    assert got == ("state rotation does not match this int8attn: block 32 and seed -1 for "
-                   "head_dim 32 (expected block 32)")
+    for rotate in (True, False):
+        got = refused(lambda: load(state(), rotation_seed=np.int64(-1), rotate=rotate,
+                                   rotation_block=np.int64(32 if rotate else 0)))
+        assert got == message(R.check_seed, -1, R.STATE)
+        assert got == "state rotation_seed must be from 0 to 2**64 - 1, got -1"
     assert R.rotation_block(48) == 16 and state()["rotation_block"] == R.rotation_block(32)
 
 

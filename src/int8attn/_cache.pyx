@@ -277,8 +277,9 @@ cdef class _Store:
         i8a_export(&self._c, &r)
         return out
 
-    def _import(self, size_t length, dict arrays, bint offsets_set):
-        """Fill this new, empty cache with a checked state's arrays (i8a_import)."""
+    def _import(self, size_t length, dict arrays, bint offsets_set, bint round_window):
+        """Fill this new, empty cache with a checked state's arrays (i8a_import; round_window:
+        the window's rows are rounded to halves, else refused unless they are halves)."""
         self._held()
         cdef i8a_rows r
         memset(&r, 0, sizeof(i8a_rows))
@@ -292,10 +293,11 @@ cdef class _Store:
             raise ValueError("_import: the arrays do not fit this empty cache (see load)")
         _point(&r, a)
         r.length, r.held, r.offsets_set = length, held, offsets_set
-        cdef int rc = i8a_import(i8a_load_tier(&_kt), &self._c, &r)
+        cdef size_t bad = 0
+        cdef int rc = i8a_import(i8a_load_tier(&_kt), &self._c, &r, round_window, &bad)
         if rc:
-            raise ValueError(f"state {('k_group_min', 'k_group_step')[rc - 1]} holds rows "
-                             f"that are not halves times a power of two, as a cache writes them")
+            raise ValueError(_state.not_halves_message(rc - 1, bad, self._c.n_kv_heads, length,
+                                                       held))
 
 
 def _decode(list seq, qa, out, float scale, int q_bits, size_t window, size_t sinks,

@@ -101,7 +101,8 @@ cdef extern from "_engine.h" nogil:
         float *v_recent
     size_t i8a_rows_held(const i8a_cache *c)
     void i8a_export(const i8a_cache *c, i8a_rows *r)
-    int i8a_import(const i8a_kernels *kt, i8a_cache *c, const i8a_rows *r)
+    int i8a_import(const i8a_kernels *kt, i8a_cache *c, const i8a_rows *r, int round_window,
+                   size_t *bad)
     void i8a_tile_rows(const int8_t *rows, size_t n, size_t d, size_t lead, int8_t *tiles)
     ctypedef struct i8a_options:
         float scale

@@ -157,11 +157,14 @@ void i8a_export(const i8a_cache *c, i8a_rows *r);
 
 /* Fill the empty cache c with the rows r (checked by the caller: shapes, counts, code and value
  * ranges, length <= cap, held <= min(length, ring)): the state the export that gave them
- * had. The recent window's rows become halves as an append makes them (a row that is halves
- * times a power of two comes back exactly); K's group minima and steps must be such rows.
- * Returns 0, or with c still empty 1 / 2 when a row of k_group_min / k_group_step is not halves
- * times a power of two. */
-int i8a_import(const i8a_kernels *kt, i8a_cache *c, const i8a_rows *r);
+ * had. K's group minima and steps must be halves times a power of two as half_row makes them
+ * (a row of them comes back bit for bit); so must the recent window's rows, unless round_window
+ * (files of version 3 from before the halves): then they become halves as an append makes them.
+ * Returns 0, or with c still empty 1 / 2 / 3 / 4 when a row of k_group_min / k_group_step /
+ * k_recent / v_recent is not such a row, its index into r's array of rows in *bad (groups:
+ * kv head * ceil(length / 32) + group; window: position's row * hkv + kv head). */
+int i8a_import(const i8a_kernels *kt, i8a_cache *c, const i8a_rows *r, int round_window,
+               size_t *bad);
 
 /* V codes rows [n][d] (int8) into V tiles (i8a_cache's layout: ceil((lead + n) / 4) tiles of
  * 4 d bytes) from slot `lead` (0 .. 3) of the first; the other slots are left as they are. For

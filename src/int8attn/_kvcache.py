@@ -361,9 +361,18 @@ class KVCache(_cache._Store):
 
     @classmethod
     def from_state_dict(cls, state, max_seq=None):
-        """A cache holding exactly what ``state`` (from ``state_dict``) holds. ``max_seq``
-        defaults to the saved capacity and must be at least the saved length. Raises ValueError
-        naming what is missing, mis-shaped or impossible; nothing is half-loaded."""
+        """A cache holding exactly what ``state`` (from ``state_dict``) holds: its
+        ``state_dict()`` equals ``state`` field by field, bit for bit (a state of an older
+        format_version: upgraded as docs/architecture.md, "The file format", says). ``max_seq``
+        defaults to the saved capacity and must be at least the saved length.
+
+        Every field the state's format_version writes is required (nothing defaults), and each
+        is taken as it is: integers of any integer dtype, every other field of its own type,
+        dtype and shape, nothing converted. Raises ValueError naming the field that is missing
+        (``state lacks rotate, which format_version 4 writes``), mis-typed, mis-shaped, out of
+        range, not what a cache writes (window or K group rows that are not halves times a
+        power of two, naming the first; float rows that are not zeros where the cache holds
+        none) or impossible; a refused state creates no cache."""
         s = _state.check(state, max_seq)
         general = "k_bits" in cls.__signature__.parameters
         try:
@@ -373,7 +382,7 @@ class KVCache(_cache._Store):
             raise _state.allocation_error(s, max_seq, e) from None
         cache._enter()
         try:
-            cache._import(s.length, s.arrays, s.offsets_set)
+            cache._import(s.length, s.arrays, s.offsets_set, s.round_window)
         finally:
             cache._leave()
         return cache
@@ -387,9 +396,10 @@ class KVCache(_cache._Store):
     @classmethod
     def load(cls, path, max_seq=None):
         """A cache from a file written by ``save`` (a path, or a binary file object open for
-        reading). A file that cannot be opened raises OSError
-        (a missing file, FileNotFoundError); one that is truncated, corrupted or foreign raises
-        ValueError."""
+        reading), as ``from_state_dict`` loads its arrays: exactly, or refused with ValueError
+        naming the field. A file that cannot be opened raises OSError (a missing file,
+        FileNotFoundError); one that is truncated, corrupted or foreign raises ValueError (naming
+        the array numpy could not read, when it got that far)."""
         return cls.from_state_dict(_state.read(path), max_seq)
 
 

@@ -32,6 +32,7 @@ class State(NamedTuple):
     center: bool
     recent: int
     offsets_set: bool
+    round_window: bool          # the window's rows are rounded to halves (version 3), else exact
     arrays: dict
 
 
@@ -81,11 +82,31 @@ def state_of(n_kv_heads, max_seq, head_dim, k_bits, v_bits, rotate, rotation_see
     }
 
 
-def _scalar(state, key, kind, default=None):
+# The fields each format version writes, by the version that added them: a version writes its
+# own and those of the versions before it, and each side's codes and scales (_SIDE) beside.
+_ROTATION = ("rotate", "rotation_seed", "rotation_block")
+_ADDED = {1: (*_INTS, *_ROTATION), 2: ("keep_first", "center", *_FLOAT_ROWS),
+          3: ("offsets_set", "recent", "k_recent", "v_recent"), 4: ("k_bits", "v_bits")}
+
+
+def written(version):
+    """The fields a state of format_version `version` holds beside its sides' codes and scales.
+    (Two early writers held fewer, and check reads what their absence meant: version 1 before
+    the rotation, without _ROTATION; version 2's first commit, without keep_first.)"""
+    return tuple(key for v in range(1, version + 1) for key in _ADDED[v])
+
+
+def _require(state, keys, version):
+    """Each of keys is in state, or ValueError naming those that are not."""
+    lacking = [key for key in keys if key not in state]
+    if lacking:
+        raise ValueError(f"state lacks {', '.join(lacking)}, which format_version {version} "
+                         f"writes")
+
+
+def _scalar(state, key, kind):
     """state[key] as a Python int ('int') or bool ('bool'): a 0-d array of an integer or bool
-    dtype, or ValueError naming the field; `default` when the key is absent and one is given."""
-    if key not in state and default is not None:
-        return default
+    dtype (ints, unsigned ones included, convert exactly), or ValueError naming the field."""
     try:
         a = np.asarray(state[key])
     except Exception:
@@ -97,12 +118,39 @@ def _scalar(state, key, kind, default=None):
     return bool(a) if kind == "bool" else int(a)
 
 
+def _array(state, key, dtype, shape):
+    """state[key] as a numpy array of exactly this dtype (native byte order) and shape (None:
+    any length), or ValueError naming the field: nothing is cast."""
+    try:
+        a = np.asarray(state[key])
+    except Exception:
+        raise ValueError(f"state {key} must be an array, got an object numpy cannot read") from None
+    if (a.dtype != dtype or not a.dtype.isnative or a.ndim != len(shape)
+            or any(want is not None and got != want for got, want in zip(a.shape, shape))):
+        want = ", ".join("n" if x is None else str(x) for x in shape)
+        got = a.dtype.name if a.dtype.isnative else a.dtype.str
+        raise ValueError(f"state {key} must be {np.dtype(dtype).name} [{want}], got {got} "
+                         f"{list(a.shape)}")
+    return a
+
+
+def _zeros(a, key, why):
+    """a (float32) is all +0.0, bit for bit (what a cache writes where it holds no row), or
+    ValueError naming the field and the first other value."""
+    bits = np.ascontiguousarray(a).view(np.uint32)
+    if bits.any():
+        at = tuple(int(i) for i in np.argwhere(bits)[0])
+        raise ValueError(f"state {key} must be zeros {why}, got {float(a[at])} at {list(at)}")
+
+
 def check(state, max_seq):
     """Validate a state dict (from state_dict or a file): a State, or ValueError naming the field
-    (TypeError when state is not a mapping)."""
+    (TypeError when state is not a mapping). Every field its format_version writes is required
+    (nothing defaults), and each is taken exactly as it is or refused: what it loads into gives
+    the same state_dict (of an older version: upgraded as docs/architecture.md says)."""
     if not hasattr(state, "keys"):
         raise TypeError(f"state must be a dict, got {type(state).__name__}")
-    missing = [k for k in ("format", "format_version", *_INTS) if k not in state]
+    missing = [k for k in ("format", "format_version") if k not in state]
     if missing:
         raise ValueError(f"state lacks {', '.join(missing)}: not an int8attn cache")
     fmt = np.asarray(state["format"])
@@ -112,6 +160,12 @@ def check(state, max_seq):
     if not 1 <= version <= F.FILE_VERSION:
         raise ValueError(f"state format_version is {version}; this int8attn reads 1 to "
                          f"{F.FILE_VERSION}")
+    # what the two early writers of a version did not write yet: version 1 before the rotation
+    # (none), version 2 at its first commit (whose center kept position 0 too: keep_first = center)
+    unrotated = version == 1 and not any(key in state for key in _ROTATION)
+    first_of_2 = version == 2 and "keep_first" not in state
+    absent = (_ROTATION if unrotated else ()) + (("keep_first",) if first_of_2 else ())
+    _require(state, [key for key in written(version) if key not in absent], version)
     ints = {key: _scalar(state, key, "int") for key in _INTS}
     hkv, d, n = ints["n_kv_heads"], ints["head_dim"], ints["length"]
     for key in ("n_kv_heads", "max_seq", "head_dim"):
@@ -127,18 +181,10 @@ def check(state, max_seq):
     for side, b in bits.items():
         R.check_bits(b, f"{side}_bits", R.STATE)
     R.check_head_dim_at_4_bits(d, bits["k"], bits["v"], R.STATE)
-    lacking = [k for side in ("k", "v") for k in _SIDE[side, bits[side]] if k not in state]
-    if lacking:
-        raise ValueError(f"state lacks {', '.join(lacking)}: not an int8attn cache")
+    sides = (*_SIDE["k", bits["k"]], *_SIDE["v", bits["v"]])
+    _require(state, sides, version)
     shapes = shapes_of(hkv, n, d)
-    arrays = {}
-    for key in (*_SIDE["k", bits["k"]], *_SIDE["v", bits["v"]]):
-        dtype, shape = shapes[key]
-        a = np.asarray(state[key])
-        if a.dtype != dtype or a.shape != shape:
-            raise ValueError(f"state {key} must be {np.dtype(dtype).name} {list(shape)}, "
-                             f"got {a.dtype} {list(a.shape)}")
-        arrays[key] = a
+    arrays = {key: _array(state, key, *shapes[key]) for key in sides}
     for key in ("k_i8", "v_i8"):
         if key in arrays and n and arrays[key].min() < -127:
             raise ValueError(f"state {key} holds -128, which the quantizer never stores")
@@ -156,53 +202,52 @@ def check(state, max_seq):
             what = "scales" if key.endswith("scale") else "values"
             raise ValueError(f"state {key} holds {what} outside [{lo:.3g}, {hi:.3g}] (negative, "
                              f"NaN, or beyond any row the format stores)")
-    # the rotation (absent from files written before it existed: none)
-    rotate = _scalar(state, "rotate", "bool", False)
-    seed = _scalar(state, "rotation_seed", "int", 0)
-    block = _scalar(state, "rotation_block", "int", 0)
-    if rotate and (block != R.rotation_block(d) or not R.seed_in_range(seed)):
-        raise ValueError(f"state rotation does not match this int8attn: block {block} and seed "
-                         f"{seed} for head_dim {d} (expected block {R.rotation_block(d)})")
+    # the rotation: its block follows from head_dim (none without rotate)
+    rotate, seed, block = (False, 0, 0) if unrotated else (
+        _scalar(state, "rotate", "bool"), _scalar(state, "rotation_seed", "int"),
+        _scalar(state, "rotation_block", "int"))
+    R.check_seed(seed, R.STATE)
+    want = R.rotation_block(d) if rotate else 0
+    if block != want:
+        raise ValueError(f"state rotation_block must be {want} for head_dim {d} with "
+                         f"rotate={rotate}, got {block}")
     # the kept first position and the offsets (version 2; version 1 files have neither)
-    keep_first = version >= 2 and _scalar(state, "keep_first", "bool", False)
-    center = version >= 2 and _scalar(state, "center", "bool", False)
+    center = version >= 2 and _scalar(state, "center", "bool")
+    keep_first = center if first_of_2 else version >= 2 and _scalar(state, "keep_first", "bool")
     R.check_center(keep_first, center, bits["k"], bits["v"], R.STATE)
-    need = float_rows(keep_first, center)
-    lacking = [k for k in need if k not in state]
-    if lacking:
-        raise ValueError(f"state lacks {', '.join(lacking)}, which its keep_first/center need")
-    for key in need:
-        a = np.asarray(state[key])
-        if a.dtype != np.float32 or a.shape != (hkv, d):
-            raise ValueError(f"state {key} must be float32 {[hkv, d]}, got {a.dtype} "
-                             f"{list(a.shape)}")
-        bound = F.VALUE_MAX if key.endswith("first") else F.OFFSET_MAX
-        if not np.all(np.abs(a) <= bound):
-            raise ValueError(f"state {key} holds NaN, Inf or values beyond +-{bound:.3g}")
-        arrays[key] = a
     # the recent window (version 3; before it, none) and whether the offsets are set (version 2
     # caches set them with their second token)
-    recent = _scalar(state, "recent", "int", 0) if version >= 3 else 0
+    recent = _scalar(state, "recent", "int") if version >= 3 else 0
     R.check_recent(recent, bits["k"], R.STATE)
     offsets_set = _scalar(state, "offsets_set", "bool") if version >= 3 else center and n >= 2
     if offsets_set and not center:
         raise ValueError("state has offsets_set without center, which int8attn never writes")
     # (any length: evict keeps the offsets of a cache it leaves with one token or none)
-    held = 0
+    # the float rows: a cache holds position 0 with keep_first and a token, the offsets while
+    # they are set; zeros where it holds none (version 1: none)
+    held_rows = {"first": (keep_first and n > 0, "without keep_first or a token"),
+                 "offset": (offsets_set, "while the offsets are not set (offsets_set)")}
+    for key in _FLOAT_ROWS:
+        if version < 2:
+            arrays[key] = np.zeros((hkv, d), np.float32)
+            continue
+        a = _array(state, key, np.float32, (hkv, d))
+        held, why = held_rows[key.split("_")[1]]
+        bound = F.VALUE_MAX if key.endswith("first") else F.OFFSET_MAX
+        if not held:
+            _zeros(a, key, why)
+        elif not np.all(np.abs(a) <= bound):
+            raise ValueError(f"state {key} holds NaN, Inf or values beyond +-{bound:.3g}")
+        arrays[key] = a
+    # the window's rows: at most what its ring holds of the positions the cache holds
     for key in ("k_recent", "v_recent"):
-        if version < 3 or not recent:
+        if version < 3:
             arrays[key] = np.zeros((0, hkv, d), np.float32)
             continue
-        if key not in state:
-            raise ValueError(f"state lacks {key}, which its recent={recent} needs")
-        a = np.asarray(state[key])
-        if a.dtype != np.float32 or a.ndim != 3 or a.shape[1:] != (hkv, d):
-            raise ValueError(f"state {key} must be float32 [n, {hkv}, {d}], got {a.dtype} "
-                             f"{list(a.shape)}")
-        held = a.shape[0]
+        a = _array(state, key, np.float32, (None, hkv, d))
         most = min(n, R.ring_slots(recent, cap))
-        if held > most:
-            raise ValueError(f"state {key} holds {held} positions; a cache of length {n} with "
+        if len(a) > most:
+            raise ValueError(f"state {key} holds {len(a)} positions; a cache of length {n} with "
                              f"recent={recent} and max_seq={cap} holds at most {most}")
         if not np.all(np.abs(a) <= F.VALUE_MAX):
             raise ValueError(f"state {key} holds NaN, Inf or values beyond +-{F.VALUE_MAX:.3g}")
@@ -210,8 +255,24 @@ def check(state, max_seq):
     if arrays["k_recent"].shape != arrays["v_recent"].shape:
         raise ValueError(f"state k_recent and v_recent must have one shape, got "
                          f"{list(arrays['k_recent'].shape)} and {list(arrays['v_recent'].shape)}")
+    # (the engine refuses group rows, and window rows but version 3's, that are not halves)
     return State(hkv, cap, d, n, bits["k"], bits["v"], rotate, seed, keep_first, center, recent,
-                 offsets_set, arrays)
+                 offsets_set, version == 3, arrays)
+
+
+def not_halves_message(which, bad, n_kv_heads, length, held):
+    """The ValueError message of i8a_import's refusal: row `bad` of k_group_min, k_group_step,
+    k_recent or v_recent (`which` 0 .. 3) is not halves times a power of two (state of `length`
+    positions, `held` of them in the window)."""
+    key = ("k_group_min", "k_group_step", "k_recent", "v_recent")[which]
+    if which < 2:
+        g, j = divmod(bad, -(-length // F.K4_GROUP))
+        where = f"[{g}, {j}] (kv head {g}, group {j})"
+    else:
+        j, g = divmod(bad, n_kv_heads)
+        where = f"[{j}, {g}] (position {length - held + j}, kv head {g})"
+    return (f"state {key} holds rows that are not halves times a power of two, as a cache writes "
+            f"them: the first is {where}")
 
 
 def options(s, general, name):
@@ -241,13 +302,20 @@ def save(state, path):
 
 def read(path):
     """The state dict in a file written by save (not yet checked): OSError when the file cannot
-    be opened, ValueError when its content is truncated, corrupted or foreign."""
+    be opened, ValueError when its content is truncated, corrupted or foreign (naming the array
+    it could not read, when it got that far)."""
     with contextlib.nullcontext(path) if hasattr(path, "read") else open(path, "rb") as f:
+        key = None
         try:
             with np.load(f, allow_pickle=False) as z:
-                state = {k: z[k] for k in z.files}
+                state = {}
+                for key in z.files:
+                    state[key] = z[key]
         except Exception as e:                   # zip, CRC, header, seek and pickle errors
-            why = (f"{type(e).__name__}: {e}" if "allow_pickle" not in str(e)
-                   else "it holds pickled Python objects, which a cache file never does")
+            if "allow_pickle" in str(e):
+                why = (("it" if key is None else f"its array {key}")
+                       + " holds pickled Python objects, which a cache file never does")
+            else:
+                why = ("" if key is None else f"its array {key}: ") + f"{type(e).__name__}: {e}"
             raise ValueError(f"{path!s} is not a readable int8attn cache file: {why}") from None
     return state

@@ -78,35 +78,60 @@ void i8a_export(const i8a_cache *c, i8a_rows *r)
     }
 }
 
-/* Whether x [d] is halves times a power of two as half_row makes them (it comes back exactly):
- * then its halves into h, its scale into *scale. */
-static int halves_of(const i8a_kernels *kt, const float *x, size_t d, uint16_t *h, float *scale)
+/* x [d] as halves h [d] times a power of two (returned), giving x back bit for bit, when it is
+ * such a row; else *exact = 0. half_row finds them, but for a row of zeros: it makes those +0.0,
+ * while the halves of a row of tiny values (below the smallest scale's reach) are zeros that
+ * keep their signs; so a row of zeros is taken as its signs, times 1 (half_row's zero scale). */
+static float as_halves(const i8a_kernels *kt, const float *x, size_t d, uint16_t *h, int *exact)
 {
-    *scale = kt->half_row(x, d, h);
-    for (size_t i = 0; i < d; i++)
-        if (i8a_half_value(h[i]) * *scale != x[i])
-            return 0;
-    return 1;
+    uint32_t any = 0;
+    for (size_t i = 0; i < d; i++) {
+        uint32_t b;
+        memcpy(&b, x + i, sizeof b);
+        any |= b & 0x7fffffffu;
+        h[i] = (uint16_t)(b >> 16 & 0x8000u);
+    }
+    *exact = 1;
+    if (!any)
+        return 1.0f;
+    const float scale = kt->half_row(x, d, h);
+    for (size_t i = 0; i < d; i++) {
+        const float y = i8a_half_value(h[i]) * scale;
+        if (memcmp(&y, x + i, sizeof y))
+            *exact = 0;
+    }
+    return scale;
 }
 
-int i8a_import(const i8a_kernels *kt, i8a_cache *c, const i8a_rows *r)
+int i8a_import(const i8a_kernels *kt, i8a_cache *c, const i8a_rows *r, int round_window,
+               size_t *bad)
 {
     const size_t hkv = c->n_kv_heads, d = c->head_dim, n = r->length, cap = c->max_seq;
     I8A_EXPECT(c->length == 0 && n <= cap && r->held <= n && r->held <= c->ring);
     const size_t groups = i8a_k4_groups(n), all = i8a_k4_groups(cap);
     uint16_t h[I8A_MAX_HEAD_DIM];
-    float s;
-    if (c->k_bits == 4) {               /* every group row checked before anything is written */
-        for (size_t side = 0; side < 2; side++)
-            for (size_t j = 0; j < hkv * groups; j++)
-                if (!halves_of(kt, (side ? r->k_group_step : r->k_group_min) + j * d, d, h, &s))
-                    return 1 + (int)side;
-        for (size_t g = 0; g < hkv; g++) {
-            for (size_t j = 0; j < groups; j++) {
-                const size_t at = g * all + j, from = (g * groups + j) * d;
-                c->k4_min_scale[at] = kt->half_row(r->k_group_min + from, d, c->k4_min + at * d);
-                c->k4_step_scale[at] = kt->half_row(r->k_group_step + from, d, c->k4_step + at * d);
+    /* every row that must be halves checked before anything is written: K's group minima and
+     * steps, and the window's rows unless they are to be rounded */
+    const float *const checked[4] = {r->k_group_min, r->k_group_step, r->k_recent, r->v_recent};
+    const size_t k4 = c->k_bits == 4 ? hkv * groups : 0, window = round_window ? 0 : r->held * hkv;
+    const size_t rows_of[4] = {k4, k4, window, window};
+    int exact;
+    for (int which = 0; which < 4; which++) {
+        for (size_t j = 0; j < rows_of[which]; j++) {
+            as_halves(kt, checked[which] + j * d, d, h, &exact);
+            if (!exact) {
+                *bad = j;
+                return which + 1;
             }
+        }
+    }
+    for (size_t g = 0; k4 && g < hkv; g++) {
+        for (size_t j = 0; j < groups; j++) {
+            const size_t at = g * all + j, from = (g * groups + j) * d;
+            c->k4_min_scale[at] = as_halves(kt, r->k_group_min + from, d, c->k4_min + at * d,
+                                            &exact);
+            c->k4_step_scale[at] = as_halves(kt, r->k_group_step + from, d, c->k4_step + at * d,
+                                             &exact);
         }
     }
     for (size_t g = 0; g < hkv; g++) {
@@ -139,12 +164,17 @@ int i8a_import(const i8a_kernels *kt, i8a_cache *c, const i8a_rows *r)
         memcpy(c->v_offset, r->v_offset, rows);
         c->offsets_set = r->offsets_set != 0;
     }
-    /* the window's rows into slots 0 .. held-1, as an append rounds them */
+    /* the window's rows into slots 0 .. held-1: their halves, or rounded as an append rounds
+     * them */
     for (size_t j = 0; c->recent && j < r->held; j++) {
         for (size_t g = 0; g < hkv; g++) {
             const size_t at = g * c->ring + j, from = (j * hkv + g) * d;
-            c->k_rscale[at] = kt->half_row(r->k_recent + from, d, c->k_recent + at * d);
-            c->v_rscale[at] = kt->half_row(r->v_recent + from, d, c->v_recent + at * d);
+            const float *k = r->k_recent + from, *v = r->v_recent + from;
+            uint16_t *kh = c->k_recent + at * d, *vh = c->v_recent + at * d;
+            c->k_rscale[at] = round_window ? kt->half_row(k, d, kh)
+                                           : as_halves(kt, k, d, kh, &exact);
+            c->v_rscale[at] = round_window ? kt->half_row(v, d, vh)
+                                           : as_halves(kt, v, d, vh, &exact);
         }
     }
     c->ring_shift = c->recent ? (c->ring - (n - r->held) % c->ring) % c->ring : 0;
