@@ -35,13 +35,15 @@ void i8a_cache_free_work(i8a_cache *c)
 
 /* The two q planes of one query row: q_hi, s_hi quantize q; q_lo, s_lo quantize the residual
  * q - float(q_hi) * s_hi (multiply, then subtract). The plane scales times the softmax scale
- * are what the coded logits use. q_hat [d] gets the vector the planes stand for,
- *     q_hat_i = fma(float(q_lo_i), s_lo, float(q_hi_i) * s_hi)    (s_lo = 0 with one plane),
- * the q of every logit of a row that sees coded positions: the K offset and the float rows
- * (position 0, the recent window) are dotted with it too, so that every logit carries the same
- * rounding of q, which the softmax cancels. (With q as given there, a K offset large against
- * K's spread shifted the coded logits alone, by nearly the same amount: 6e-3 off the contract's
- * reference at an offset of 1000 times the spread.) */
+ * are what the coded logits use. q_hat [d] (unless NULL) gets the vector the planes stand for,
+ *     q_hat_i = float(q_hi_i * s_hi + q_lo_i * s_lo)    (s_lo = 0 with one plane),
+ * the products and their sum in double (the products exact: 7 by 24 bits), rounded to float
+ * once (reference.q_hat's operations, so the same bits): the q of every logit of a row that
+ * sees coded positions. The K offset and the float rows (position 0, the recent window) are
+ * dotted with it too, so that every logit carries the same rounding of q, which the softmax
+ * cancels. (With q as given there, a K offset large against K's spread shifted the coded
+ * logits alone, by nearly the same amount: 6e-3 off the contract's reference at an offset of
+ * 1000 times the spread.) */
 static int prepare_q(const i8a_kernels *kt, const float *q, size_t d, int two_planes,
                      float scale, int8_t *q_hi, int8_t *q_lo, float *c_hi, float *c_lo,
                      float *residual, float *q_hat)
@@ -56,8 +58,8 @@ static int prepare_q(const i8a_kernels *kt, const float *q, size_t d, int two_pl
     } else {
         memset(q_lo, 0, d);
     }
-    for (size_t i = 0; i < d; i++)
-        q_hat[i] = fmaf((float)q_lo[i], s_lo, (float)q_hi[i] * s_hi);
+    for (size_t i = 0; q_hat && i < d; i++)
+        q_hat[i] = (float)((double)q_hi[i] * s_hi + (double)q_lo[i] * s_lo);
     *c_hi = s_hi * scale;
     *c_lo = s_lo * scale;
     return 0;
@@ -186,29 +188,30 @@ static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t
                 return in_range(q0, d) ? 2 : 1;
             }
             const float *qrow = maybe_rotated(kt, c, c->k_sign, q0, tmp);
+            /* q_hat (prepare_q) when the row reads coded positions with K at 8 bits; else the
+             * row has no planes to share (K at 4 bits makes each group's near exact planes
+             * from q_float in its attend) */
+            float *hat = coded && c->k_bits == 8 ? q_hat : NULL;
+            if (c->k_bits == 8 && prepare_q(kt, qrow, d, opt->q_bits == 16, opt->scale,
+                                            q_hi + r * d, q_lo + r * d, c_hi + r, c_lo + r,
+                                            residual, hat) != 0) {
+                *bad = tt * h + head;
+                return 1;
+            }
             /* the q the float rows are dotted with, in their space (as given, unrotated):
-             * q_hat (prepare_q) rotated back with K at 8 bits when the row sees coded
-             * positions; else q as given (a row of float rows alone has no planes to share;
-             * K at 4 bits makes each group's near exact planes from q_float in its attend) */
+             * q_hat rotated back, or q as given */
             const float *qx = q0;
-            if (c->k_bits == 8) {
-                if (prepare_q(kt, qrow, d, opt->q_bits == 16, opt->scale, q_hi + r * d,
-                              q_lo + r * d, c_hi + r, c_lo + r, residual, q_hat) != 0) {
-                    *bad = tt * h + head;
-                    return 1;
-                }
-                if (coded && c->k_sign) {
-                    kt->rotate(q_hat, d, c->k_sign, 1, tmp);     /* (qrow is done with tmp) */
-                    qx = tmp;
-                } else if (coded) {
-                    qx = q_hat;
-                }
+            if (hat && c->k_sign) {
+                kt->rotate(hat, d, c->k_sign, 1, tmp);           /* (qrow is done with tmp) */
+                qx = tmp;
+            } else if (hat) {
+                qx = hat;
             }
             /* the K offset's part of every coded logit (q_hat in the rotated space, as the
              * offset; offsets only with K at 8 bits) and the logit of position 0 from its float
              * row: both q.x * scale, the dot in double */
-            bias[r] = has_offsets(c) ? dot_scaled(q_hat, c->k_offset + g * d, d, opt->scale)
-                                     : 0.0f;
+            bias[r] = hat && has_offsets(c) ? dot_scaled(hat, c->k_offset + g * d, d, opt->scale)
+                                            : 0.0f;
             if (c->k_first)
                 pos0_logit[r] = dot_scaled(qx, c->k_first + g * d, d, opt->scale);
             if (c->recent || c->k_bits == 4)
