@@ -188,10 +188,11 @@ static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t
                 return in_range(q0, d) ? 2 : 1;
             }
             const float *qrow = maybe_rotated(kt, c, c->k_sign, q0, tmp);
-            /* q_hat (prepare_q) when the row reads coded positions with K at 8 bits; else the
-             * row has no planes to share (K at 4 bits makes each group's near exact planes
-             * from q_float in its attend) */
-            float *hat = coded && c->k_bits == 8 ? q_hat : NULL;
+            /* q_hat (prepare_q) when the row reads coded positions with K at 8 bits and
+             * something else shares their q (float rows, the offset); else none (K at 4 bits
+             * makes each group's near exact planes from q_float in its attend) */
+            const int shared = c->k_first || c->recent || has_offsets(c);
+            float *hat = coded && c->k_bits == 8 && shared ? q_hat : NULL;
             if (c->k_bits == 8 && prepare_q(kt, qrow, d, opt->q_bits == 16, opt->scale,
                                             q_hi + r * d, q_lo + r * d, c_hi + r, c_lo + r,
                                             residual, hat) != 0) {
