@@ -133,11 +133,11 @@ def q_hat(q, q_bits=16):
     """The vector q's int8 planes (``q_planes``) stand for, float32 [H, D]: ``codes_hi * s_hi +
     codes_lo * s_lo`` (one plane: ``codes_hi * s_hi``) in float64, where the products are exact,
     rounded to float32 once (the engine's operations: its bits), in the space the planes are
-    made in. With K at 8 bits it is the q of every logit of a query that
-    sees coded positions: the coded rows' integer dots, the K offset's part, position 0's float
-    row and the recent window's (rotated back first when the cache rotates), so every logit
-    carries the same rounding of q, which the softmax cancels. A query that sees float rows alone
-    dots them with q as given."""
+    made in. With K at 8 bits it is the q of every logit of a query that sees coded positions:
+    the coded rows' integer dots, the K offset's part, position 0's float row and the recent
+    window's (rotated back first when the cache rotates), so every logit carries the same
+    rounding of q, which the softmax cancels. A query that sees float rows alone dots them with
+    q as given."""
     total = 0.0
     for codes, s in q_planes(q, q_bits):
         total = total + codes.astype(np.float64) * s.astype(np.float64)[:, None]

@@ -175,6 +175,7 @@ static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t
     float q_limit = (float)most;
     if ((double)q_limit > most)
         q_limit = nextafterf(q_limit, 0.0f);
+    const int shared = c->k_first || c->recent || has_offsets(c);  /* more than the codes */
     /* q rows in the order of the kernels: kv head, then query position, then head of the group */
     for (size_t tt = 0; tt < t; tt++) {
         const visible_ranges vis = i8a_visible(c, t, tt, opt);
@@ -189,9 +190,8 @@ static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t
             }
             const float *qrow = maybe_rotated(kt, c, c->k_sign, q0, tmp);
             /* q_hat (prepare_q) when the row reads coded positions with K at 8 bits and
-             * something else shares their q (float rows, the offset); else none (K at 4 bits
-             * makes each group's near exact planes from q_float in its attend) */
-            const int shared = c->k_first || c->recent || has_offsets(c);
+             * something shares their q (float rows, the offset); else none (K at 4 bits makes
+             * each group's near exact planes from q_float in its attend) */
             float *hat = coded && c->k_bits == 8 && shared ? q_hat : NULL;
             if (c->k_bits == 8 && prepare_q(kt, qrow, d, opt->q_bits == 16, opt->scale,
                                             q_hi + r * d, q_lo + r * d, c_hi + r, c_lo + r,
@@ -203,7 +203,7 @@ static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t
              * q_hat rotated back, or q as given */
             const float *qx = q0;
             if (hat && c->k_sign) {
-                kt->rotate(hat, d, c->k_sign, 1, tmp);           /* (qrow is done with tmp) */
+                kt->rotate(hat, d, c->k_sign, 1, tmp);          /* (qrow, in tmp, is used) */
                 qx = tmp;
             } else if (hat) {
                 qx = hat;
