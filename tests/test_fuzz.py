@@ -7,7 +7,9 @@ It asserts, after every step:
 - a valid append stores what a twin cache fed the same rows as contiguous float32 stores;
 - a valid decode is finite, within the kernel's documented error of float64 attention over the
   cache's own ``dequantize()`` (1e-3 at ordinary logits, see ``decode_tolerance``), and the same
-  bits on every tier this CPU has and for every thread count;
+  bits on every tier this CPU has and for every thread count; in a run whose K rows all carry a
+  large common offset (``OffsetRows``), a decode at ordinary logits is within the contract
+  itself;
 - a saved and loaded cache holds (its state_dict(), bit for bit) and decodes exactly like the
   one saved;
 - a cache emptied by evict (which sometimes forgets everything) holds and decodes from then on
@@ -40,9 +42,9 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant,  
 
 import int8attn as ia                                                           # noqa: E402
 from int8attn import _rules                                                     # noqa: E402
-from conftest import (EMULATED, assert_loads_exactly, assert_same_state,  # noqa: E402
+from conftest import (CONTRACT, EMULATED, assert_loads_exactly, assert_same_state,  # noqa: E402
                       assert_tiers_agree, attention_over_history, each_tier, live_caches,
-                      snapshot)
+                      rel_err, snapshot)
 
 EXAMPLES = int(os.environ.get("INT8ATTN_FUZZ_EXAMPLES", "15" if EMULATED else "100"))
 TOP = 2.0 ** 64                                  # the format's range: _format.VALUE_MAX
@@ -76,18 +78,23 @@ def laid_out(x, layout):
     return x
 
 
-def draw_values(data, shape, label, *, bad=False):
+def draw_values(data, shape, label, *, bad=False, ordinary=None):
     """Random values of a shape as a caller hands them over (some dtype, some layout), and their
-    float32 values as the cache reads them. bad=True puts one NaN, Inf or out-of-range value in."""
+    float32 values as the cache reads them. bad=True puts one NaN, Inf or out-of-range value in.
+    ordinary(rng, shape): the values, in place of the drawn magnitude, offset, outliers and
+    denormals (a machine with a large K offset: OffsetRows)."""
     rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1), label=f"{label} seed"))
-    mag = data.draw(st.sampled_from(MAGNITUDES), label=f"{label} magnitude")
-    x = rng.standard_normal(shape) * mag
-    if x.size and data.draw(st.booleans(), label=f"{label} common offset"):
-        x = x + rng.standard_normal(shape[-1]) * mag * 3
-    if x.size and data.draw(st.booleans(), label=f"{label} outlier"):
-        x.flat[rng.integers(x.size)] = rng.choice([-1.0, 1.0]) * mag * 1e6
-    if x.size and data.draw(st.booleans(), label=f"{label} denormals"):
-        x[rng.random(shape) < 0.2] = 3e-42
+    if ordinary is not None:
+        x = ordinary(rng, shape)
+    else:
+        mag = data.draw(st.sampled_from(MAGNITUDES), label=f"{label} magnitude")
+        x = rng.standard_normal(shape) * mag
+        if x.size and data.draw(st.booleans(), label=f"{label} common offset"):
+            x = x + rng.standard_normal(shape[-1]) * mag * 3
+        if x.size and data.draw(st.booleans(), label=f"{label} outlier"):
+            x.flat[rng.integers(x.size)] = rng.choice([-1.0, 1.0]) * mag * 1e6
+        if x.size and data.draw(st.booleans(), label=f"{label} denormals"):
+            x[rng.random(shape) < 0.2] = 3e-42
     x = np.clip(x, -TOP, TOP)
     dtype = data.draw(st.sampled_from(DTYPES), label=f"{label} dtype")
     if dtype is np.float16:
@@ -135,6 +142,41 @@ def decode_tolerance(cache, q32, scale, q_bits):
     return (min(math.expm1(min(2.2 * delta, 1.0)), 1.0) + 1e-4) * 2 * vmax + 1e-37
 
 
+class OffsetRows:
+    """A machine run whose K rows all carry one large common offset, as real K channels do: each
+    K row is standard normal plus c times u (u a random unit direction, fixed for the run, c 300
+    or 1000), V rows standard normal, q rows standard normal times 1 or 3, sometimes made
+    orthogonal to u. The logits are then ordinary (the offset's part is the same for every
+    position), so a decode at q_bits=16 and the default scale is held to the contract itself
+    (within 1e-3 of the largest output per head: decode_beside_the_offset), where
+    decode_tolerance, which counts the offset into every row's size, is far looser. (With q as
+    given for the float rows and q_hat for the codes, the two kinds of logits differed by
+    (q_hat - q) . c u: errors of 2e-3 to 6e-3.)"""
+
+    def __init__(self, data, d):
+        self.c = data.draw(st.sampled_from([300.0, 1000.0]), label="K offset")
+        seed = data.draw(st.integers(0, 2 ** 32 - 1), label="K offset direction")
+        u = np.random.default_rng(seed).standard_normal(d)
+        self.u = u / np.linalg.norm(u)
+
+    def k(self, rng, shape):
+        return rng.standard_normal(shape) + self.c * self.u
+
+    @staticmethod
+    def v(rng, shape):
+        return rng.standard_normal(shape)
+
+    def q(self, data):
+        """q's values: times 1 or 3, orthogonal to u or not."""
+        mag = data.draw(st.sampled_from([1.0, 3.0]), label="q magnitude")
+        orth = data.draw(st.booleans(), label="q orthogonal to the K offset")
+
+        def values(rng, shape):
+            x = rng.standard_normal(shape) * mag
+            return x - (x @ self.u)[..., None] * self.u if orth else x
+        return values
+
+
 class CacheMachine(RuleBasedStateMachine):
     """One cache (and its twin fed canonical float32 rows) through random calls."""
 
@@ -143,7 +185,9 @@ class CacheMachine(RuleBasedStateMachine):
         self.hkv = data.draw(st.integers(1, 3), label="n_kv_heads")
         self.d = data.draw(st.sampled_from([16, 32, 48, 80, 128]), label="head_dim")
         self.cap = data.draw(st.integers(1, 600), label="max_seq")
-        fmt = data.draw(st.sampled_from([*ia.FORMATS.values(), {"rotation_seed": 2 ** 64 - 1}]),
+        # the presets, another rotation, and a short window without rotation or centering
+        fmt = data.draw(st.sampled_from([*ia.FORMATS.values(), {"rotation_seed": 2 ** 64 - 1},
+                                         {**ia.FORMATS["recent"], "rotate": False, "recent": 16}]),
                         label="format")
         self.new_cache = lambda: ia.Int8KVCache(self.hkv, self.cap, self.d, **fmt)
         return self.new_cache(), self.new_cache()
@@ -152,13 +196,28 @@ class CacheMachine(RuleBasedStateMachine):
     def make(self, data):
         self.cache, self.twin = self.new_caches(data)
         self.fresh = None               # after an evict of everything: a new cache, same calls
+        # one run in four: every K row with a large common offset (OffsetRows), a prefill long
+        # enough for some of it to be read from the codes (past a recent window of 64), and a
+        # decode held to the contract right after it
+        self.offset = OffsetRows(data, self.d) if data.draw(
+            st.integers(0, 3), label="K offset?") == 0 else None
         self.length = 0
-        t = data.draw(st.integers(0, min(self.cap, 300)), label="prefill")
-        k, k32 = draw_values(data, (t, self.hkv, self.d), "prefill k")
-        v, v32 = draw_values(data, (t, self.hkv, self.d), "prefill v")
+        least = min(self.cap, 80) if self.offset else 0
+        t = data.draw(st.integers(least, min(self.cap, 300)), label="prefill")
+        k, k32 = self.draw_kv(data, (t, self.hkv, self.d), "k", "prefill k")
+        v, v32 = self.draw_kv(data, (t, self.hkv, self.d), "v", "prefill v")
         self.cache.append(k, v)
         self.twin.append(k32, v32)
         self.length = t
+        if self.offset:
+            self.decode_beside_the_offset(data)
+
+    def draw_kv(self, data, shape, side, label, *, bad=False):
+        """K or V rows (side "k" or "v"), the run's OffsetRows when it has them."""
+        ordinary = None
+        if self.offset is not None:
+            ordinary = self.offset.k if side == "k" else self.offset.v
+        return draw_values(data, shape, label, bad=bad, ordinary=ordinary)
 
     @invariant()
     def length_is_tracked(self):
@@ -206,8 +265,8 @@ class CacheMachine(RuleBasedStateMachine):
             t = data.draw(st.integers(0, min(room, 300)), label="T")
         one = t == 1 and data.draw(st.booleans(), label="as [Hkv, D]")
         shape = (self.hkv, self.d) if one else (t, self.hkv, self.d)
-        k, k32 = draw_values(data, shape, "k", bad=bad == "k")
-        v, v32 = draw_values(data, shape, "v", bad=bad == "v")
+        k, k32 = self.draw_kv(data, shape, "k", "k", bad=bad == "k")
+        v, v32 = self.draw_kv(data, shape, "v", "v", bad=bad == "v")
         if bad == "shape":
             v = v[..., :-1]
         if bad is not None and (bad not in ("k", "v") or t):
@@ -239,7 +298,8 @@ class CacheMachine(RuleBasedStateMachine):
             bad = "T past the ring"
         h = self.hkv * data.draw(st.integers(1, 3), label="group")
         shape = (h, self.d) if t == 1 and data.draw(st.booleans(), label="as [H, D]") else (t, h, self.d)
-        q, q32 = draw_values(data, shape, "q", bad=bad == "q")
+        q, q32 = draw_values(data, shape, "q", bad=bad == "q",
+                             ordinary=self.offset.q(data) if self.offset else None)
         qmax = float(np.abs(q32).max()) if bad != "q" else 1.0
         kw = {"q_bits": data.draw(st.sampled_from([16, 16, 8]), label="q_bits")}
         scale = data.draw(st.sampled_from([None, 1e-30, 0.05, 1.0, 2.0 ** 40]), label="scale")
@@ -267,6 +327,14 @@ class CacheMachine(RuleBasedStateMachine):
         if bad is not None and (bad != "q*scale" or qmax):
             self.expect_refused(lambda: self.cache.decode(q, **kw), "decode")
             return
+        out, ref = self.check_decode(data, q, q32, kw, s)
+        if self.offset and kw["q_bits"] == 16 and s <= 0.25 and "softcap" not in kw:
+            self.check_contract(out, ref)                   # ordinary logits
+
+    def check_decode(self, data, q, q32, kw, s):
+        """Decode q (valid) with the options kw (s: the scale it uses) on every tier, each with
+        its own thread count: the same bits on all, finite, within decode_tolerance of float64
+        attention over each query's own history. Returns (out, that reference)."""
         def decoded():                          # on each tier, with its own thread count
             ia.set_num_threads(data.draw(st.integers(1, 3), label="threads"))
             return np.asarray(self.cache.decode(q, **kw))
@@ -286,11 +354,33 @@ class CacheMachine(RuleBasedStateMachine):
         assert np.all(np.isfinite(kd)) and np.all(np.isfinite(vd))
         opts = {k: kw[k] for k in ("window", "sinks", "softcap") if k in kw}
         ref = attention_over_history(self.cache, q32, scale=s, **opts)   # each query's own view
-        tol = decode_tolerance(self.cache, q32, s, kw["q_bits"])
+        tol = decode_tolerance(self.cache, q32, s, kw.get("q_bits", 16))
         err = float(np.abs(out.astype(np.float64) - ref).max())
         assert err <= tol, f"error {err:.3g} above the bound {tol:.3g}"
         ordinary = tol <= 2.1e-3 * float(np.abs(vd).max()) + 1e-37
         event("decode checked" + (" at ordinary logits (the 1e-3 regime)" if ordinary else ""))
+        return out, ref
+
+    @precondition(lambda self: self.offset is not None and self.length > 0)
+    @rule(data=st.data())
+    def decode_beside_the_offset(self, data):
+        """A run with a large K offset (OffsetRows): a decode at q_bits=16 and the default scale,
+        its logits ordinary, is held to the contract itself (as decode's own draws are when
+        they are ordinary: q_bits=16, a scale up to 1/4, no soft cap)."""
+        t = data.draw(st.integers(1, min(self.length, 4)), label="T")
+        h = self.hkv * data.draw(st.integers(1, 3), label="group")
+        q, q32 = draw_values(data, (t, h, self.d), "q", ordinary=self.offset.q(data))
+        kw = {}
+        if data.draw(st.booleans(), label="window?"):
+            kw["window"] = data.draw(st.integers(1, self.length + 300), label="window")
+            kw["sinks"] = data.draw(st.integers(0, min(kw["window"], 8)), label="sinks")
+        self.check_contract(*self.check_decode(data, q, q32, kw, 1.0 / math.sqrt(self.d)))
+
+    def check_contract(self, out, ref):
+        """A decode of a run with a large K offset, at ordinary logits: within the contract."""
+        got = rel_err(out.reshape(-1, self.d), ref.reshape(-1, self.d))
+        assert got <= CONTRACT, f"error {got:.3g} beside a K offset of {self.offset.c:g}"
+        event("decode checked at the contract beside a large K offset")
 
     @rule(data=st.data())
     def prefill(self, data):
@@ -306,8 +396,8 @@ class CacheMachine(RuleBasedStateMachine):
         if bad == "capacity":
             t = room + data.draw(st.integers(1, 3), label="T past max_seq")
         h = self.hkv * data.draw(st.integers(1, 3), label="group")
-        k, k32 = draw_values(data, (t, self.hkv, self.d), "k", bad=bad == "k")
-        v, v32 = draw_values(data, (t, self.hkv, self.d), "v", bad=bad == "v")
+        k, k32 = self.draw_kv(data, (t, self.hkv, self.d), "k", "k", bad=bad == "k")
+        v, v32 = self.draw_kv(data, (t, self.hkv, self.d), "v", "v", bad=bad == "v")
         q, q32 = draw_values(data, (t + (bad == "T"), h, self.d), "q", bad=bad == "q")
         kw = {}
         if data.draw(st.booleans(), label="window?"):

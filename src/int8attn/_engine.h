@@ -223,8 +223,9 @@ typedef struct {
  * workspace, every part at a 64-byte aligned offset from the start (R = rows, query rows per kv
  * head; q_hi at offset 0):
  *   q_hi, q_lo [hkv][R][d] int8;  c_hi, c_lo, bias, pos0_logit [hkv][R] float;
- *   q_float [hkv][R][d] float, q times the softmax scale as given (the recent window's dots,
- *     and K at 4 bits; absent otherwise);
+ *   q_float [hkv][R][d] float, the q the float rows are dotted with (decode.c's prepare_q:
+ *     q_hat, or q as given) times the softmax scale (the recent window's dots, and K at 4
+ *     bits; absent otherwise);
  *   v_pos0 [hkv][d] float, position 0's V row in the stored space;  residual [d] float;
  *   left [hkv] atomic: items not yet done per kv head;  run_m, run_l [hkv][R] float;
  *   states: per (kv head, visible chunk, part) the state of R rows, state_bytes each

@@ -2,7 +2,8 @@
 
 - :func:`quantize_rows`: the cache's row quantizer, bit for bit.
 - :func:`rotate`, :func:`rotation_signs`, :func:`rotation_block`: the cache's rotation.
-- :func:`q_planes`: the int8 planes decode makes of q (one for ``q_bits=8``, two for 16).
+- :func:`q_planes`: the int8 planes decode makes of q (one for ``q_bits=8``, two for 16);
+  :func:`q_hat`: the vector they stand for, the q of every logit with K at 8 bits.
 - :func:`attention`: attention of float q over float K/V (float64 inside), the accuracy reference,
   with the decode options (several query positions, window, sinks, softcap); :func:`visible`
   says which positions each query sees.
@@ -128,6 +129,21 @@ def q_planes(q, q_bits=16):
     return [(hi, s_hi), quantize_rows(residual)]
 
 
+def q_hat(q, q_bits=16):
+    """The vector q's int8 planes (``q_planes``) stand for, float32 [H, D]: ``codes_hi * s_hi +
+    codes_lo * s_lo`` (one plane: ``codes_hi * s_hi``) in float64, where the products are exact,
+    rounded to float32 once (the engine's operations: its bits), in the space the planes are
+    made in. With K at 8 bits it is the q of every logit of a query that sees coded positions:
+    the coded rows' integer dots, the K offset's part, position 0's float row and the recent
+    window's (rotated back first when the cache rotates), so every logit carries the same
+    rounding of q, which the softmax cancels. A query that sees float rows alone dots them with
+    q as given."""
+    total = 0.0
+    for codes, s in q_planes(q, q_bits):
+        total = total + codes.astype(np.float64) * s.astype(np.float64)[:, None]
+    return np.asarray(total, np.float64).astype(np.float32)
+
+
 def _softmax_attend(logits, v):
     """logits [H, S] float64 per query head, v [S, H, D] per query head: softmax(logits) @ v."""
     logits = logits - logits.max(axis=1, keepdims=True)
@@ -238,7 +254,8 @@ def emulate(q, cache, *, scale=None, q_bits=16):
     """The kernel's method in numpy, for q [H, D] over an Int8KVCache (or anything with its
     ``k_i8, k_scale, v_i8, v_scale`` views, and ``k_first``, ``v_first`` when it keeps the first
     position, ``k_offset``, ``v_offset`` when it centers, ``state_dict()`` when it has a recent
-    window): exact int8 planes of q and exact integer dots; per chunk of CHUNK positions of the
+    window): exact int8 planes of q and exact integer dots, and q_hat (what the planes stand
+    for) dotted with the offset and the float rows; per chunk of CHUNK positions of the
     codes, the softmax weights times the V scales in integer planes (weight_planes) against
     the V codes; float64 everywhere else; the positions of the recent window from their floats.
     Returns [H, D] float32."""
@@ -256,29 +273,34 @@ def emulate(q, cache, *, scale=None, q_bits=16):
     ks = _expand(np.asarray(cache.k_scale).T[..., None], h)[..., 0].astype(np.float64)
     v_codes = _expand(np.asarray(cache.v_i8).transpose(1, 0, 2), h).astype(np.float64)  # [S, H, D]
     vs = _expand(np.asarray(cache.v_scale).T[..., None], h)[..., 0].astype(np.float64)  # [S, H]
+    # every logit's q (q_hat), in the rotated space of the codes and the offsets, and as
+    # position 0's and the window's float rows are stored (q as given when they are all it sees)
+    kw, vw = window_rows(cache)
+    first = 1 if getattr(cache, "keep_first", False) else 0
+    fw = len(k_i8) - len(kw)                          # the first position of the window
+    qh = q_hat(q, q_bits).astype(np.float64)
+    qh_given = qh if signs is None else rotate(qh, signs, inverse=True)
+    if fw <= first:
+        qh_given = q_plain.astype(np.float64)
     logits = 0.0
     for codes, s in q_planes(q, q_bits):
         dots = np.einsum("hd,shd->hs", codes.astype(np.int64), k_i8)
         logits = logits + dots.astype(np.float64) * s.astype(np.float64)[:, None]
     logits = logits * ks.T * scale
-    n = logits.shape[1]
     v_off = np.zeros((h, d))
     if getattr(cache, "center", False) and cache.k_offset is not None:
         # rows past position 0: codes * scale + offset
         k_off = per_query_head(cache.k_offset)
-        logits[:, 1:] += np.einsum("hd,hd->h", q.astype(np.float64), k_off)[:, None] * scale
+        logits[:, 1:] += np.einsum("hd,hd->h", qh, k_off)[:, None] * scale
         v_off = per_query_head(cache.v_offset)
     floats = {}                                       # position -> its V row [H, D], stored space
-    first = 1 if getattr(cache, "keep_first", False) else 0
     if first:                                         # position 0 from its float row
         k0 = per_query_head(cache.k_first)
-        logits[:, 0] = np.einsum("hd,hd->h", q_plain.astype(np.float64), k0) * scale
+        logits[:, 0] = np.einsum("hd,hd->h", qh_given, k0) * scale
         v0 = per_query_head(cache.v_first)
         floats[0] = v0 if signs is None else rotate(v0, signs)
-    kw, vw = window_rows(cache)
-    fw = n - len(kw)
     if len(kw):                                  # the recent window from its floats
-        logits[:, fw:] = np.einsum("hd,shd->hs", q_plain.astype(np.float64),
+        logits[:, fw:] = np.einsum("hd,shd->hs", qh_given,
                                    _expand(kw.astype(np.float64), h)) * scale
         vw = _expand(vw.astype(np.float64), h)
         vw = vw if signs is None else rotate(vw, signs)

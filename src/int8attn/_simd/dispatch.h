@@ -47,8 +47,8 @@ typedef struct {
     float inv_softcap;   /* 1 / softcap */
     const float *bias;   /* [nq] added to every logit of the row before the soft cap: the
                             cache's K offset seen by the row (0 without one) */
-    const float *q_float;  /* [nq][d] q times the softmax scale, as given (attend4 with K at 4
-                              bits makes each K group's planes from it) */
+    const float *q_float;  /* [nq][d] q times the softmax scale, as given with K at 4 bits
+                              (attend4 makes each K group's planes from it) */
 } i8a_query;
 
 /* The 4-bit sides (attend4). K at 4 bits is stored per channel: positions [32 j, 32 j + 32)

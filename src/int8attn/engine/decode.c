@@ -33,10 +33,18 @@ void i8a_cache_free_work(i8a_cache *c)
 
 /* The two q planes of one query row: q_hi, s_hi quantize q; q_lo, s_lo quantize the residual
  * q - float(q_hi) * s_hi (multiply, then subtract). The plane scales times the softmax scale
- * are what the logits use. */
+ * are what the coded logits use. q_hat [d] (unless NULL) gets the vector the planes stand for,
+ *     q_hat_i = float(q_hi_i * s_hi + q_lo_i * s_lo)    (s_lo = 0 with one plane),
+ * the products and their sum in double (the products exact: 7 by 24 bits), rounded to float
+ * once (reference.q_hat's operations, so the same bits): the q of every logit of a row that
+ * sees coded positions. The K offset and the float rows (position 0, the recent window) are
+ * dotted with it too, so that every logit carries the same rounding of q, which the softmax
+ * cancels. (With q as given there, a K offset large against K's spread shifted the coded
+ * logits alone, by nearly the same amount: 6e-3 off the contract's reference at an offset of
+ * 1000 times the spread.) */
 static int prepare_q(const i8a_kernels *kt, const float *q, size_t d, int two_planes,
                      float scale, int8_t *q_hi, int8_t *q_lo, float *c_hi, float *c_lo,
-                     float *residual)
+                     float *residual, float *q_hat)
 {
     float s_hi, s_lo = 0.0f;
     if (kt->quantize_row(q, d, q_hi, &s_hi) != 0)
@@ -48,6 +56,8 @@ static int prepare_q(const i8a_kernels *kt, const float *q, size_t d, int two_pl
     } else {
         memset(q_lo, 0, d);
     }
+    for (size_t i = 0; q_hat && i < d; i++)
+        q_hat[i] = (float)((double)q_hi[i] * s_hi + (double)q_lo[i] * s_lo);
     *c_hi = s_hi * scale;
     *c_lo = s_lo * scale;
     return 0;
@@ -176,11 +186,14 @@ static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t
     float *pos0_logit = (float *)(job->base + L.pos0_logit);
     float *q_float = (float *)(job->base + L.q_float);
     const float q_limit = i8a_q_limit(opt->scale);
+    const int shared = c->k_first || c->recent || has_offsets(c);  /* more than the codes */
     /* q rows in the order of the kernels: kv head, then query position, then head of the group */
     for (size_t tt = 0; tt < t; tt++) {
+        const visible_ranges vis = i8a_visible(c, t, tt, opt);
+        const int coded = sees_codes(&vis);
         for (size_t head = 0; head < h; head++) {
             const size_t g = head / nq, r = g * L.rows + tt * nq + head % nq;
-            float tmp[I8A_MAX_HEAD_DIM];
+            float tmp[I8A_MAX_HEAD_DIM], q_hat[I8A_MAX_HEAD_DIM];
             const float *q0 = q + (tt * h + head) * d;
             const int refused = i8a_check_query(q0, d, q_limit);
             if (refused) {
@@ -188,22 +201,35 @@ static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t
                 return refused;
             }
             const float *qrow = maybe_rotated(kt, c, c->k_sign, q0, tmp);
-            /* (K at 4 bits makes each group's planes from q_float in its attend) */
+            /* q_hat (prepare_q) when the row reads coded positions with K at 8 bits and
+             * something shares their q (float rows, the offset); else none (K at 4 bits makes
+             * each group's near exact planes from q_float in its attend) */
+            float *hat = coded && c->k_bits == 8 && shared ? q_hat : NULL;
             if (c->k_bits == 8 && prepare_q(kt, qrow, d, opt->q_bits == 16, opt->scale,
                                             q_hi + r * d, q_lo + r * d, c_hi + r, c_lo + r,
-                                            residual) != 0) {
+                                            residual, hat) != 0) {
                 *bad = tt * h + head;
                 return 1;
             }
-            /* the logit of position 0 from its float row, and the K offset's part
-             * of every other logit (both q.x * scale, the dot in double) */
-            bias[r] = has_offsets(c)
-                ? dot_scaled(qrow, c->k_offset + g * d, d, opt->scale) : 0.0f;
+            /* the q the float rows are dotted with, in their space (as given, unrotated):
+             * q_hat rotated back, or q as given */
+            const float *qx = q0;
+            if (hat && c->k_sign) {
+                kt->rotate(hat, d, c->k_sign, 1, tmp);          /* (qrow, in tmp, is used) */
+                qx = tmp;
+            } else if (hat) {
+                qx = hat;
+            }
+            /* the K offset's part of every coded logit (q_hat in the rotated space, as the
+             * offset; offsets only with K at 8 bits) and the logit of position 0 from its float
+             * row: both q.x * scale, the dot in double */
+            bias[r] = hat && has_offsets(c) ? dot_scaled(hat, c->k_offset + g * d, d, opt->scale)
+                                            : 0.0f;
             if (c->k_first)
-                pos0_logit[r] = dot_scaled(q0, c->k_first + g * d, d, opt->scale);
+                pos0_logit[r] = dot_scaled(qx, c->k_first + g * d, d, opt->scale);
             if (c->recent || c->k_bits == 4)
                 for (size_t i = 0; i < d; i++)
-                    q_float[r * d + i] = q0[i] * opt->scale;
+                    q_float[r * d + i] = qx[i] * opt->scale;
         }
     }
     atomic_size_t *left = (atomic_size_t *)(job->base + L.left);

@@ -246,6 +246,13 @@ typedef struct {
 /* What query tt of t sees (visible_ranges). */
 visible_ranges i8a_visible(const i8a_cache *c, size_t t, size_t tt, const i8a_options *opt);
 
+/* Whether a query that sees vis reads coded positions (else only float rows: position 0's and
+ * the recent window's). */
+static inline int sees_codes(const visible_ranges *vis)
+{
+    return vis->sink_begin < vis->sink_end || vis->win_begin < vis->win_end;
+}
+
 /* The chunks the queries see, in position order (i8a_chunk_runs). Each query's window range
  * ends at its own position and consecutive queries' ranges overlap, so the window ranges of all
  * queries cover [the first query's window start, the last query's recent window); the sinks

@@ -58,7 +58,7 @@ static int window_state(const decode_job *job, size_t g, size_t r, const visible
  * saw coded positions (its window's state is taken minus l * v_offset to match). */
 static int row_offset(const i8a_cache *c, const visible_ranges *vis)
 {
-    return has_offsets(c) && (vis->sink_begin < vis->sink_end || vis->win_begin < vis->win_end);
+    return has_offsets(c) && sees_codes(vis);
 }
 
 void i8a_window_item(const decode_job *job, size_t g)
