@@ -261,9 +261,6 @@ static void batch_range(void *ctx, size_t begin, size_t end, size_t after, size_
     }
 }
 
-/* Jobs on the stack up to this batch size, beyond it on the heap. */
-#define I8A_BATCH_STACK 8
-
 int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *q,
                      size_t t, size_t h, const i8a_options *opt, size_t max_threads, float *out,
                      size_t *bad)

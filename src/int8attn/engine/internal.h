@@ -356,6 +356,10 @@ static inline i8a_query query_at(const decode_job *job, size_t g, size_t r, size
     return q;
 }
 
+/* A batch's per-cache arrays (decode's jobs, prefill's copies and views) sit on the stack up
+ * to this many caches, beyond it on the heap. */
+#define I8A_BATCH_STACK 8
+
 /* The workspace holds at least `bytes` (64-byte aligned): grown by half again at least, so a
  * growing cache reallocates rarely. 0, or -1 when it cannot be allocated (then unchanged). */
 int i8a_reserve_work(i8a_cache *c, size_t bytes);

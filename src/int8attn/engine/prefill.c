@@ -84,9 +84,6 @@ static i8a_cache view_of(const i8a_cache *c, const window_copy *w, size_t end)
     return view;
 }
 
-/* Jobs on the stack up to this batch size, beyond it on the heap. */
-#define I8A_PREFILL_STACK 8
-
 /* K at 4 bits: a group is coded when its last position is appended, and a truncate deeper
  * than the ring leaves positions of the group holding position len without floats, read from
  * the group's old codes until it fills. The rows of an append of t before the one that fills
@@ -110,12 +107,12 @@ static int prefill_pass(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, c
 {
     const size_t kv_size = t * cs[0]->n_kv_heads * cs[0]->head_dim;
     size_t unused_bad;
-    window_copy stack_copies[I8A_PREFILL_STACK];
-    i8a_cache stack_views[I8A_PREFILL_STACK];
-    i8a_cache *stack_ptrs[I8A_PREFILL_STACK] = {NULL};
+    window_copy stack_copies[I8A_BATCH_STACK];
+    i8a_cache stack_views[I8A_BATCH_STACK];
+    i8a_cache *stack_ptrs[I8A_BATCH_STACK] = {NULL};
     window_copy *copies = stack_copies;
     i8a_cache *views = stack_views, **ptrs = stack_ptrs;
-    if (n > I8A_PREFILL_STACK) {
+    if (n > I8A_BATCH_STACK) {
         copies = (window_copy *)malloc(n * sizeof *copies);
         views = (i8a_cache *)malloc(n * sizeof *views);
         ptrs = (i8a_cache **)malloc(n * sizeof *ptrs);
@@ -157,7 +154,7 @@ static int prefill_pass(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, c
     }
     for (size_t b = 0; b < made; b++)
         i8a_free_aligned(copies[b].k);
-    if (n > I8A_PREFILL_STACK) {
+    if (n > I8A_BATCH_STACK) {
         free(copies);
         free(views);
         free(ptrs);
