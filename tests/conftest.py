@@ -156,6 +156,19 @@ def written(state):
             *SIDE_ARRAYS["k", bits[0]], *SIDE_ARRAYS["v", bits[1]]]
 
 
+def assert_same_states(a, b, skip=()):
+    """Caches a and b hold the same state: every state_dict field but those in skip, of the same
+    dtype and shape and bit for bit (so -0.0 is not 0.0)."""
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        if key in skip:
+            continue
+        x, y = np.asarray(sa[key]), np.asarray(sb[key])
+        assert x.dtype == y.dtype and x.shape == y.shape, key
+        assert np.array_equal(x.reshape(-1).view(np.uint8), y.reshape(-1).view(np.uint8)), key
+
+
 def assert_loads_exactly(given, cache):
     """cache, loaded from the state `given` without a new max_seq, gives it back: every field
     given's format_version writes, bit for bit and of the same kind (bool, integer, the array's

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import int8attn as ia
-from conftest import EMULATED, assert_tiers_agree, each_tier
+from conftest import EMULATED, assert_same_states, assert_tiers_agree, each_tier
 
 # every format: the named 8-bit ones, and each width with a side at 4 bits with and without the
 # rotation (their other options the defaults: keep_first, a window of 64)
@@ -48,10 +48,7 @@ def state_arrays(cache):
 
 def assert_same_cache(a, b):
     """a and b hold the same state (every state_dict array, bit for bit) and decode alike."""
-    sa, sb = state_arrays(a), state_arrays(b)
-    assert sa.keys() == sb.keys()
-    for key in sa:
-        np.testing.assert_array_equal(sa[key], sb[key], err_msg=key)
+    assert_same_states(a, b)
     q = np.random.default_rng(len(a)).standard_normal((3, 2 * a.n_kv_heads, a.head_dim))
     q = q.astype(np.float32)
     outs = each_tier(lambda: np.stack([a.decode(q), b.decode(q)]))

@@ -43,8 +43,8 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant,  
 import int8attn as ia                                                           # noqa: E402
 from int8attn import _rules                                                     # noqa: E402
 from conftest import (CONTRACT, EMULATED, assert_loads_exactly, assert_same_state,  # noqa: E402
-                      assert_tiers_agree, attention_over_history, each_tier, live_caches,
-                      rel_err, snapshot)
+                      assert_same_states, assert_tiers_agree, attention_over_history, each_tier,
+                      live_caches, rel_err, snapshot)
 
 EXAMPLES = int(os.environ.get("INT8ATTN_FUZZ_EXAMPLES", "15" if EMULATED else "100"))
 TOP = 2.0 ** 64                                  # the format's range: _format.VALUE_MAX
@@ -231,11 +231,7 @@ class CacheMachine(RuleBasedStateMachine):
         stale 4-bit K codes or group ranges)."""
         if getattr(self, "fresh", None) is None:
             return
-        a, b = self.cache.state_dict(), self.fresh.state_dict()
-        assert a.keys() == b.keys()
-        for key in a:
-            if key != "max_seq":
-                np.testing.assert_array_equal(np.asarray(a[key]), np.asarray(b[key]), err_msg=key)
+        assert_same_states(self.cache, self.fresh, skip=("max_seq",))
 
     def on_all(self, call):
         """call(c) for the cache, its twin and the fresh cache when there is one."""

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import int8attn as ia
-from conftest import CONTRACT, EMULATED, each_tier, assert_tiers_agree, make_kv, rel_err
+from conftest import (CONTRACT, EMULATED, assert_same_states, assert_tiers_agree, each_tier,
+                      make_kv, rel_err)
 from int8attn import reference as R
 
 # every format the package names, and the 4-bit caches (recent 32: T = 65 and 150 are past
@@ -31,15 +32,6 @@ def _rows(rng, n, hkv, h, d):
     k = k + 2.5 * rng.standard_normal(d).astype(np.float32)   # a common offset: centering sets one
     q = rng.standard_normal((n, h, d)).astype(np.float32)
     return k.astype(np.float32), v, q
-
-
-def _same_state(a, b):
-    sa, sb = a.state_dict(), b.state_dict()
-    assert sorted(sa) == sorted(sb)
-    for key in sa:
-        x, y = np.asarray(sa[key]), np.asarray(sb[key])
-        assert x.dtype == y.dtype and x.shape == y.shape, key
-        assert np.array_equal(x.reshape(-1).view(np.uint8), y.reshape(-1).view(np.uint8)), key
 
 
 def _token_by_token(cache, k, v, q, **options):
@@ -75,7 +67,7 @@ def test_prefill_has_the_bits_of_token_by_token_decodes(fmt, pre, t):
             want = _token_by_token(a, k[pre:], v[pre:], q[pre:], **options)
         got = b.prefill(k[pre:], v[pre:], q[pre:], **options)
         np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
-        _same_state(a, b)
+        assert_same_states(a, b)
         return got
 
     assert_tiers_agree(each_tier(both), "prefill")
@@ -102,8 +94,8 @@ def test_prefill_of_4096_rows_equals_chunks_of_r_plus_1(tier, fmt):
     cuts = [100, 101, 1000, 1064, 3000, n]
     parts = [uneven.prefill(k[a:b], v[a:b], q[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
     np.testing.assert_array_equal(got, np.concatenate(parts))
-    _same_state(one, chunks)
-    _same_state(one, uneven)
+    assert_same_states(one, chunks)
+    assert_same_states(one, uneven)
     # and within the contract of attention over the history each query had: the last query's
     # is the whole cache's
     ref = R.attention(q[-1], *one.dequantize())
@@ -148,7 +140,7 @@ def test_prefill_batch_has_the_bits_of_one_prefill_per_cache():
     want = np.stack([c.prefill(kb[b], vb[b], qb[b]) for b, c in enumerate(single)])
     np.testing.assert_array_equal(got, want)
     for a, b in zip(batch, single):
-        _same_state(a, b)
+        assert_same_states(a, b)
 
 
 def _refused(cache, call, match, exc=ValueError):
@@ -226,4 +218,4 @@ def test_prefill_after_a_deep_truncate_with_k_at_4_bits(tier, keep_first):
     got = caches[0].prefill(k[100:130], v[100:130], q[100:130])
     want = _token_by_token(caches[1], k[100:130], v[100:130], q[100:130])
     np.testing.assert_array_equal(got, want)
-    _same_state(*caches)
+    assert_same_states(*caches)
