@@ -92,6 +92,28 @@ def assert_tiers_agree(outs, what=""):
                                       err_msg=f"{name} {what}".strip())
 
 
+def assert_tiers_and_threads_agree(fn, what="", threads=(1, 2, 3)):
+    """fn() on every tier of AGREEING at each thread count: the same bits at every count, and
+    every tier the scalar tier's."""
+    def run():
+        outs = []
+        for n in threads:
+            ia.set_num_threads(n)
+            outs.append(fn())
+        return outs
+
+    before = ia.get_num_threads()
+    try:
+        outs = each_tier(run)
+    finally:
+        ia.set_num_threads(before)
+    for name, per_threads in outs.items():
+        for out in per_threads[1:]:
+            np.testing.assert_array_equal(out.view(np.int32), per_threads[0].view(np.int32),
+                                          err_msg=f"{name} {what}".strip())
+    assert_tiers_agree({name: o[0] for name, o in outs.items()}, what)
+
+
 def make_kv(rng, s, hkv, d, kind="gauss"):
     """K, V [s, hkv, d] float32. kind 'outlier': K has a few channels 20x larger (real K does)."""
     k = rng.standard_normal((s, hkv, d)).astype(np.float32)

@@ -8,7 +8,7 @@ import pytest
 
 import int8attn as ia
 from int8attn import _cache
-from conftest import (CONTRACT, assert_tiers_agree, attention_over_history, each_tier, make_kv,
+from conftest import (CONTRACT, assert_tiers_and_threads_agree, attention_over_history, make_kv,
                       rel_err)
 from int8attn import reference as R
 
@@ -144,22 +144,7 @@ def test_tiers_and_thread_counts_agree(widths):
     cache, _, _ = kv4_cache(rng, 4, 64, 1500, widths, rotate=True)
     q = rng.standard_normal((2, 16, 64)).astype(np.float32)
 
-    def run():
-        outs = []
-        for n in (1, 2, 3):
-            ia.set_num_threads(n)
-            outs.append(cache.decode(q, window=900, sinks=3))
-        return outs
-
-    before = ia.get_num_threads()
-    try:
-        outs = each_tier(run)
-    finally:
-        ia.set_num_threads(before)
-    for per_threads in outs.values():
-        for out in per_threads[1:]:
-            np.testing.assert_array_equal(out.view(np.int32), per_threads[0].view(np.int32))
-    assert_tiers_agree({name: o[0] for name, o in outs.items()}, "decode")
+    assert_tiers_and_threads_agree(lambda: cache.decode(q, window=900, sinks=3), "decode")
 
 
 @pytest.mark.parametrize("widths", WIDTHS, ids=ids)

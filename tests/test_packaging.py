@@ -45,6 +45,23 @@ def test_stub_declares_the_public_api(name):
             cache.center, cache.recent) == (8, 8, True, 0, True, True, 64)
 
 
+def test_stub_declares_the_paged_pool():
+    """Every public name of PagedKVCache is in its stub, and __init__'s keywords and defaults
+    match the runtime ones."""
+    import ast
+    tree = ast.parse(open(os.path.join(PACKAGE, "_paged.pyi")).read())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "PagedKVCache")
+    names = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+    names |= {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
+    public = {n for n in dir(ia.PagedKVCache) if not n.startswith("_")}
+    assert public <= names, sorted(public - names)
+    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    stub_kw = {a.arg: ast.literal_eval(d) for a, d in zip(init.args.kwonlyargs, init.args.kw_defaults)}
+    from int8attn._args import PAGED_SIGNATURE
+    assert stub_kw == {a: p.default for a, p in PAGED_SIGNATURE.parameters.items()
+                       if p.kind == p.KEYWORD_ONLY}
+
+
 def test_layout_files(tmp_path):
     variant = write_layout(tmp_path / "k")
     assert variant == str(tmp_path / "k" / "build" / "torch-universal")

@@ -24,10 +24,11 @@ except ModuleNotFoundError as e:         # the sources without the compiled fron
 from . import reference
 from ._format import FORMATS
 from ._kvcache import Int8KVCache, KVCache, decode_batch, prefill_batch
+from ._paged import PagedKVCache
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Int8KVCache", "KVCache", "decode_batch", "prefill_batch", "FORMATS", "isa", "supported_isas", "set_num_threads", "get_num_threads",
-    "reference", "__version__",
+    "Int8KVCache", "KVCache", "decode_batch", "prefill_batch", "PagedKVCache", "FORMATS", "isa",
+    "supported_isas", "set_num_threads", "get_num_threads", "reference", "__version__",
 ]

@@ -164,16 +164,22 @@ class Options(NamedTuple):
     recent: int
 
 
+def _bound(signature, args, kwargs, name, positional):
+    """A constructor's arguments by name, the defaults filled in; TypeError naming the class
+    when they do not bind."""
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"{name}(): {e} ({positional} positional, the options keyword-only)") \
+            from None
+    bound.apply_defaults()
+    return bound.arguments
+
+
 def constructor(args, kwargs, general):
     """The arguments of KVCache (`general`) or Int8KVCache (8-bit sides only), checked."""
-    name = "KVCache" if general else "Int8KVCache"
-    try:
-        bound = (GENERAL_SIGNATURE if general else SIGNATURE).bind(*args, **kwargs)
-    except TypeError as e:
-        raise TypeError(f"{name}(): {e} (n_kv_heads, max_seq and head_dim are positional, "
-                        f"the options keyword-only)") from None
-    bound.apply_defaults()
-    a = bound.arguments
+    a = _bound(GENERAL_SIGNATURE if general else SIGNATURE, args, kwargs,
+               "KVCache" if general else "Int8KVCache", "n_kv_heads, max_seq and head_dim are")
     hkv = int_from(a["n_kv_heads"], "n_kv_heads", 1)
     cap = int_from(a["max_seq"], "max_seq", 1)
     d = int_from(a["head_dim"], "head_dim", 1)
@@ -264,6 +270,16 @@ def decode(q, scale, q_bits, out, window, sinks, softcap, length, hkv, d, cap, b
         holds = "the cache holds" if not lead else "the shortest cache holds"
         raise ValueError(f"q holds T={t} query positions but {holds} {length} "
                          f"tokens: the queries must be the last T of them")
+    scale, q_bits, window, sinks, cap_value = decode_options(scale, q_bits, window, sinks,
+                                                             softcap, d)
+    out, result = out_for(out, shape, q)
+    return (c_aligned(qa), out, result, scale, q_bits, min(window, cap), min(sinks, cap),
+            cap_value)
+
+
+def decode_options(scale, q_bits, window, sinks, softcap, d):
+    """A decode's options beyond q, checked: (scale, q_bits, window (0: none), sinks, softcap
+    (0: none)); scale None is head_dim ** -0.5."""
     q_bits = as_int(q_bits, "q_bits")
     if q_bits not in (8, 16):
         raise ValueError(f"q_bits must be 16 or 8, got {q_bits!r}")
@@ -281,6 +297,12 @@ def decode(q, scale, q_bits, out, window, sinks, softcap, length, hkv, d, cap, b
         cap_value = positive_float(softcap, "softcap")
         if not F.SOFTCAP_RANGE[0] <= cap_value <= F.SOFTCAP_RANGE[1]:
             raise ValueError(f"softcap must be from 2**-126 to 2**126, got {softcap!r}")
+    return scale, q_bits, 0 if window is None else window, sinks, cap_value
+
+
+def out_for(out, shape, q):
+    """(the float32 array the engine writes, what the call returns) for out= of this shape: a
+    new array (a torch tensor when q is one) when out is None."""
     result = out
     if out is None:
         out = np.empty(shape, np.float32)
@@ -289,8 +311,7 @@ def decode(q, scale, q_bits, out, window, sinks, softcap, length, hkv, d, cap, b
         out = _torch_out(out, shape)
     else:
         _check_out(out, shape)
-    return (c_aligned(qa), out, result, scale, q_bits, 0 if window is None else min(window, cap),
-            min(sinks, cap), cap_value)
+    return out, result
 
 
 def decode_error(rc, bad, q, scale):
@@ -337,3 +358,126 @@ def _torch_out(t, shape):
 def _torch_from_numpy(a):
     import torch
     return torch.from_numpy(a)
+
+
+# -- the paged pool -----------------------------------------------------------------------
+
+def _paged_constructor(n_kv_heads, head_dim, block_size, num_blocks, *, buffer=None,
+                       rotation_seed=0):
+    """PagedKVCache's signature."""
+
+
+PAGED_SIGNATURE = inspect.signature(_paged_constructor)
+
+
+class PagedOptions(NamedTuple):
+    """A paged pool's constructor arguments, checked."""
+    n_kv_heads: int
+    head_dim: int
+    block_size: int
+    num_blocks: int
+    buffer: object
+    rotation_seed: int
+
+
+def paged_constructor(args, kwargs):
+    """The arguments of PagedKVCache, checked."""
+    a = _bound(PAGED_SIGNATURE, args, kwargs, "PagedKVCache",
+               "n_kv_heads, head_dim, block_size and num_blocks are")
+    hkv = int_from(a["n_kv_heads"], "n_kv_heads", 1)
+    d = int_from(a["head_dim"], "head_dim", 1)
+    R.check_head_dim(d)
+    bs = as_int(a["block_size"], "block_size")
+    R.check_block_size(bs)
+    blocks = int_from(a["num_blocks"], "num_blocks", 1)
+    seed = as_int(a["rotation_seed"], "rotation_seed")
+    R.check_seed(seed)
+    if hkv * bs * (2 * d + 8) * blocks > INT_MAX:
+        raise ValueError(f"num_blocks={blocks} blocks of {bs} positions with n_kv_heads={hkv}, "
+                         f"head_dim={d} need more bytes than this platform can address")
+    return PagedOptions(hkv, d, bs, blocks, a["buffer"], seed)
+
+
+def paged_buffer(buffer, num_blocks, block_bytes):
+    """The pool's memory as a writable uint8 numpy array [num_blocks, block_bytes] at a 64-byte
+    boundary: new zeros when buffer is None, else buffer's own memory (a numpy array or a CPU
+    torch tensor of 1-byte items, C-contiguous, exactly num_blocks * block_bytes bytes)."""
+    nbytes = num_blocks * block_bytes
+    if buffer is None:
+        raw = np.zeros(nbytes + 64, np.uint8)
+        at = -raw.ctypes.data % 64
+        return raw[at:at + nbytes].reshape(num_blocks, block_bytes)
+    a = buffer
+    if is_torch(buffer):
+        if buffer.device.type != "cpu":
+            raise ValueError(f"buffer must be a CPU tensor, got one on device {buffer.device}")
+        if buffer.element_size() != 1 or buffer.is_floating_point():
+            raise TypeError(f"buffer must hold bytes (torch.uint8 or torch.int8), got "
+                            f"{buffer.dtype}")
+        a = buffer.detach().numpy() if buffer.is_contiguous() else None
+        if a is None:
+            raise ValueError("buffer must be C-contiguous")
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"buffer must be a numpy.ndarray or a torch tensor, got "
+                        f"{type(buffer).__name__}")
+    if a.dtype not in (np.uint8, np.int8):
+        raise TypeError(f"buffer must have dtype uint8 or int8, got {a.dtype}")
+    if not a.flags.c_contiguous or not a.flags.writeable:
+        raise ValueError("buffer must be C-contiguous and writeable")
+    if a.nbytes != nbytes:
+        raise ValueError(f"buffer must hold num_blocks * block_bytes = {num_blocks} * "
+                         f"{block_bytes} = {nbytes} bytes, got {a.nbytes}")
+    if a.ctypes.data % 64:
+        raise ValueError(f"buffer must start at a multiple of 64 bytes, got address "
+                         f"{a.ctypes.data:#x}")
+    return a.view(np.uint8).reshape(num_blocks, block_bytes)
+
+
+def _int_array(x, name, ndim, dtype=np.int64):
+    """x as a C-contiguous numpy array of ndim dimensions of dtype (int64, or int32 when every
+    value fits it), or TypeError / ValueError naming it."""
+    a = x.detach().numpy() if is_torch(x) else np.asarray(x)
+    if a.dtype.kind not in "iu" or a.dtype == np.uint64:
+        raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
+    if a.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimension{'s' if ndim > 1 else ''}, "
+                         f"got shape {list(a.shape)}")
+    if a.dtype.itemsize > np.dtype(dtype).itemsize and a.size:
+        info = np.iinfo(dtype)
+        if int(a.min()) < info.min or int(a.max()) > info.max:
+            raise ValueError(f"{name} holds values beyond {np.dtype(dtype).name}")
+    return a if a.dtype == dtype and a.flags.c_contiguous else np.ascontiguousarray(a, dtype)
+
+
+def paged_write(slots, k, v, hkv, d, num_slots):
+    """write()'s arguments: (slots int64 [N], k, v aligned C-contiguous float32 [N, Hkv, D])."""
+    sa = _int_array(slots, "slots", 1)
+    ka, va = as_float32(k, "k"), as_float32(v, "v")
+    n = sa.shape[0]
+    if ka.shape != (n, hkv, d):
+        raise ValueError(f"k must have shape [N, Hkv, D] with N={n} (the slots), Hkv={hkv}, "
+                         f"D={d}; got {list(ka.shape)}")
+    if va.shape != ka.shape:
+        raise ValueError(f"v must have the shape of k, {list(ka.shape)}; got {list(va.shape)}")
+    over = np.flatnonzero(sa >= num_slots)
+    if over.size:
+        i = int(over[0])
+        raise ValueError(f"slots[{i}] is {int(sa[i])}, beyond the pool's "
+                         f"num_blocks * block_size = {num_slots} slots; nothing was written")
+    return sa, c_aligned(ka), c_aligned(va)
+
+
+def paged_attend(q, query_start, seq_lens, block_table, hkv, d):
+    """attend()'s arrays converted (their values are checked by the compiled pool, under its
+    lock): (q aligned C-contiguous float32 [Nq, H, D], query_start and seq_lens int64 [.],
+    block_table int32 [., .] C-contiguous)."""
+    qa = as_float32(q, "q")
+    if qa.ndim != 3 or qa.shape[2] != d or qa.shape[1] == 0:
+        raise ValueError(f"q must have shape [Nq, H, D] with D={d}, H >= 1; got "
+                         f"{list(qa.shape)}")
+    if qa.shape[1] % hkv:
+        raise ValueError(f"q has H={qa.shape[1]} query heads, not a multiple of "
+                         f"n_kv_heads={hkv}")
+    table = _int_array(block_table, "block_table", 2, np.int32)
+    return (c_aligned(qa), _int_array(query_start, "query_start", 1),
+            _int_array(seq_lens, "seq_lens", 1), table)

@@ -7,7 +7,7 @@ argument first (``_args``, ``_rules``, ``_state``); this module passes C what th
 turns the engine's status into an exception. Private hooks for tests and benchmarks end it."""
 
 from cython.view cimport array as cvarray
-from libc.stdint cimport int8_t, uint8_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
 from libc.string cimport memset
 
 from ._capi cimport *
@@ -363,6 +363,192 @@ def _decode(list seq, qa, out, float scale, int q_bits, size_t window, size_t si
 
 
 # ---------------------------------------------------------------------------------------------
+# The paged pool
+
+def _paged_block_bytes(size_t n_kv_heads, size_t head_dim, size_t block_size):
+    """Bytes a block of a pool (i8a_paged_block_bytes), 0 when they do not fit a size_t."""
+    return i8a_paged_block_bytes(n_kv_heads, head_dim, block_size)
+
+
+cdef class _Paged:
+    """The compiled part of a PagedKVCache: the pool's memory (its own or the caller's numpy
+    array, referenced here), the engine's i8a_paged over it, the busy flag, and one engine call
+    per method on arguments _args has checked (the flag held)."""
+
+    cdef i8a_paged _p
+    cdef object _mem                          # uint8 [num_blocks, block_bytes], 64-byte aligned
+    cdef object _sign                         # [1, D] float32 +-1 of the rotation
+    cdef int _busy
+    cdef readonly object rotation_seed
+
+    def __cinit__(self, *args, **kwargs):
+        o = _args.paged_constructor(args, kwargs)
+        bb = i8a_paged_block_bytes(o.n_kv_heads, o.head_dim, o.block_size)
+        mem = _args.paged_buffer(o.buffer, o.num_blocks, bb)
+        self._sign = np.empty((1, o.head_dim), np.float32)
+        i8a_rotation_signs(o.rotation_seed, o.head_dim, <float *>_ptr(self._sign))
+        self._mem = mem
+        i8a_paged_init(&self._p, <uint8_t *>_ptr(mem), o.num_blocks, o.n_kv_heads, o.head_dim,
+                       o.block_size, <float *>_ptr(self._sign))
+        self.rotation_seed = o.rotation_seed
+        self._busy = 0
+
+    def __dealloc__(self):
+        i8a_paged_free_work(&self._p)
+
+    @property
+    def n_kv_heads(self):
+        """Key/value heads (Hkv)."""
+        return self._p.n_kv_heads
+
+    @property
+    def head_dim(self):
+        """Head dimension D."""
+        return self._p.head_dim
+
+    @property
+    def block_size(self):
+        """Positions a block holds."""
+        return self._p.block_rows
+
+    @property
+    def num_blocks(self):
+        """Blocks in the pool."""
+        return self._p.blocks
+
+    @property
+    def block_bytes(self):
+        """Bytes a block: n_kv_heads * block_size * (2 * head_dim + 8)."""
+        return self._p.block_bytes
+
+    @property
+    def buffer(self):
+        """The pool's memory, uint8 [num_blocks, block_bytes] (the array given as buffer=, or
+        the pool's own). Its bytes are the engine's layout: read and written through the pool's
+        methods only."""
+        return self._mem
+
+    def _enter(self):
+        if self._mem is None:
+            raise RuntimeError(f"this {type(self).__name__} was never initialized")
+        if not i8a_try_acquire(&self._busy):
+            raise RuntimeError(f"this {type(self).__name__} is in use by another thread")
+
+    def _leave(self):
+        i8a_release(&self._busy)
+
+    def _write(self, slots, ka, va):
+        """Rows ka, va [N, Hkv, D] (aligned C-contiguous float32) into slots [N] int64 (checked:
+        each negative or below num_blocks * block_size). Returns 0, or the engine's 1 / 2 and
+        the bad row (i * Hkv + head) with nothing written."""
+        if not i8a_is_taken(&self._busy):
+            raise RuntimeError("the pool's busy flag must be held (_enter) for this call")
+        cdef size_t n = slots.shape[0], bad = 0, row = self._p.n_kv_heads * self._p.head_dim
+        if not (ka.shape == va.shape == (n, self._p.n_kv_heads, self._p.head_dim)
+                and slots.dtype == np.int64 and slots.ndim == 1
+                and (n == 0 or int(slots.max()) < <long long>(self._p.blocks * self._p.block_rows))):
+            raise ValueError("_write: slots, k or v do not fit the pool (see write)")
+        if n == 0:
+            return 0, 0
+        cdef const int64_t[::1] smv = slots
+        cdef const float[::1] kmv = ka.reshape(-1)
+        cdef const float[::1] vmv = va.reshape(-1)
+        cdef int rc
+        with nogil:
+            rc = i8a_paged_write(i8a_load_tier(&_kt), &self._p, &smv[0], n, &kmv[0], &vmv[0],
+                                 &bad)
+        return rc, bad
+
+    def _attend(self, qa, out, starts, lens, table, float scale, int q_bits, size_t window,
+                size_t sinks, float softcap):
+        """One i8a_paged_attend of the batch attend() describes: qa, out [Nq, H, D] float32
+        (aligned, C-contiguous, H a multiple of Hkv), starts [B + 1] and lens [B] int64, table
+        [B, max_blocks] int32 C-contiguous; the options checked (_args.decode_options). The
+        batch is checked here, under the busy flag, as it is read (ValueError naming the first
+        entry that does not fit); the sequences without queries are left out. Returns 0, or the
+        engine's status and its bad row."""
+        if not i8a_is_taken(&self._busy):
+            raise RuntimeError("the pool's busy flag must be held (_enter) for this call")
+        if not (qa.ndim == 3 and qa.shape[2] == self._p.head_dim and qa.shape[1] >= 1
+                and qa.shape[1] % self._p.n_kv_heads == 0 and out.shape == qa.shape
+                and scale > 0 and q_bits in (8, 16) and (sinks == 0 or sinks <= window)):
+            raise ValueError("_attend: q, out or the options do not fit the pool (see attend)")
+        cdef const int64_t[::1] smv = starts
+        cdef const int64_t[::1] lmv = lens
+        cdef const int32_t[:, ::1] tmv = table
+        cdef size_t nb = lmv.shape[0], width = tmv.shape[1], h = qa.shape[1], bad = 0
+        cdef size_t rows = self._p.block_rows, blocks = self._p.blocks, ns = 0, b, j, need
+        cdef int64_t t
+        if <size_t>smv.shape[0] != nb + 1:
+            raise ValueError(f"query_start must have B + 1 = {nb + 1} entries (seq_lens has "
+                             f"B={nb}), got {smv.shape[0]}")
+        if <size_t>tmv.shape[0] != nb:
+            raise ValueError(f"block_table must have B={nb} rows (seq_lens has B), got "
+                             f"{tmv.shape[0]}")
+        if smv[0] != 0 or smv[nb] != qa.shape[0]:
+            raise ValueError(f"query_start must start at 0 and end at Nq={qa.shape[0]} (the "
+                             f"rows of q); got {smv[0]} .. {smv[nb]}")
+        seqs = np.empty((nb + (nb == 0)) * sizeof(i8a_paged_seq), np.uint8)
+        cdef i8a_paged_seq *sp = <i8a_paged_seq *>_ptr(seqs)
+        for b in range(nb):
+            t = smv[b + 1] - smv[b]
+            if t < 0:
+                raise ValueError(f"query_start must never decrease; query_start[{b + 1}] = "
+                                 f"{smv[b + 1]} < query_start[{b}] = {smv[b]}")
+            if lmv[b] < t:
+                raise ValueError(f"seq_lens[{b}] is {lmv[b]}, fewer than the request's {t} "
+                                 f"queries (query_start[{b + 1}] - query_start[{b}]): its "
+                                 f"queries are its last positions")
+            if t == 0:
+                continue
+            need = (<size_t>lmv[b] + rows - 1) // rows
+            if need > width:
+                raise ValueError(f"seq_lens[{b}] = {lmv[b]} needs {need} blocks of {rows}, but "
+                                 f"block_table has {width} columns")
+            for j in range(need):
+                if tmv[b, j] < 0 or <size_t>tmv[b, j] >= blocks:
+                    raise ValueError(f"block_table[{b}, {j}] is {tmv[b, j]}, not a block of the "
+                                     f"pool (0 .. {blocks - 1})")
+            sp[ns].blocks = &tmv[b, 0]
+            sp[ns].length = lmv[b]
+            sp[ns].t = t
+            ns += 1
+        if ns == 0:
+            return 0, 0
+        cdef const float[::1] qmv = qa.reshape(-1)
+        cdef float[::1] omv = out.reshape(-1)
+        cdef i8a_options opt
+        opt.scale, opt.q_bits, opt.window, opt.sinks, opt.softcap = (scale, q_bits, window,
+                                                                     sinks, softcap)
+        cdef int rc
+        with nogil:
+            rc = i8a_paged_attend(i8a_load_tier(&_kt), &self._p, sp, ns, &qmv[0], h, &opt,
+                                  i8a_load_size(&_threads), &omv[0], &bad)
+        return rc, bad
+
+    def _dequantize(self, blocks, size_t length):
+        """k, v [length, Hkv, D] float32 of the sequence whose blocks (int32, C-contiguous,
+        checked) hold it."""
+        if not i8a_is_taken(&self._busy):
+            raise RuntimeError("the pool's busy flag must be held (_enter) for this call")
+        cdef size_t need = (length + self._p.block_rows - 1) // self._p.block_rows
+        if not (blocks.dtype == np.int32 and blocks.ndim == 1 and <size_t>blocks.shape[0] >= need
+                and (need == 0 or (0 <= int(blocks[:need].min())
+                                   and int(blocks[:need].max()) < <long long>self._p.blocks))):
+            raise ValueError("_dequantize: the blocks do not fit the pool")
+        k = np.zeros((length, self._p.n_kv_heads, self._p.head_dim), np.float32)
+        v = np.zeros_like(k)
+        if length == 0:
+            return k, v
+        cdef const int32_t[::1] bmv = blocks
+        cdef float *kp = <float *>_ptr(k)
+        cdef float *vp = <float *>_ptr(v)
+        with nogil:
+            i8a_paged_dequantize(i8a_load_tier(&_kt), &self._p, &bmv[0], length, kp, vp)
+        return k, v
+
+
+# ---------------------------------------------------------------------------------------------
 # Private hooks: the benchmarks' bandwidth probe and thread count, the tests' kernel entry points.
 
 def _plan(_Store cache, size_t h, size_t t=1, size_t window=0, size_t sinks=0):
@@ -445,6 +631,8 @@ def _attend(q_hi, q_lo, c_hi, c_lo, k, k_scale, v, v_scale, bias, softcap=0.0, t
     cdef i8a_span span
     memset(&span, 0, sizeof(span))
     span.k, span.v, span.n, span.v_lead = <int8_t *>_ptr(a[2]), <int8_t *>_ptr(tiles), n, lead
+    span.blocks = span.next_blocks = i8a_one_block
+    span.block_shift = I8A_ONE_BLOCK_SHIFT
     span.ks, span.vs = <float *>_ptr(a[7]), <float *>_ptr(a[8])
     cdef i8a_state st
     st.m, st.l, st.o = <float *>_ptr(m), <float *>_ptr(l), <float *>_ptr(o)

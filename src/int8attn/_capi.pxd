@@ -4,7 +4,7 @@ the engine's public API (_engine.h), the atomics (_guard.h) and the pool's limit
 Only what the front end reads is declared; the headers are the reference. At the end, the
 inline helpers that fill these structs from numpy arrays."""
 
-from libc.stdint cimport int8_t, uint8_t, uint16_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint64_t
 
 
 cdef extern from "_simd/dispatch.h" nogil:
@@ -15,6 +15,8 @@ cdef extern from "_simd/dispatch.h" nogil:
         I8A_K4_GROUP
         I8A_NIB_BLOCK
         I8A_FMT8
+        I8A_ONE_BLOCK_SHIFT
+    const int32_t i8a_one_block[1]
     ctypedef struct i8a_query:
         size_t d, nq
         int two_planes
@@ -27,12 +29,17 @@ cdef extern from "_simd/dispatch.h" nogil:
     ctypedef struct i8a_span:
         const int8_t *k
         const int8_t *v
+        const int32_t *blocks
+        size_t block_bytes
+        unsigned block_shift
+        size_t lead, vlead
         const float *ks
         const float *vs
         size_t n
         size_t v_lead
         const int8_t *next_k
         const int8_t *next_v
+        const int32_t *next_blocks
         size_t next_n
         const uint8_t *k4
         const uint8_t *v4
@@ -137,6 +144,22 @@ cdef extern from "_engine.h" nogil:
     void i8a_dequantize(const i8a_kernels *kt, const i8a_cache *c, float *k, float *v)
     void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n)
     uint64_t i8a_stream_read(const i8a_probe *probe, const i8a_cache *c, size_t threads)
+    ctypedef struct i8a_paged:
+        size_t blocks, n_kv_heads, head_dim, block_rows, block_bytes
+    ctypedef struct i8a_paged_seq:
+        const int32_t *blocks
+        size_t length, t
+    size_t i8a_paged_block_bytes(size_t n_kv_heads, size_t head_dim, size_t block_rows)
+    void i8a_paged_init(i8a_paged *p, uint8_t *base, size_t blocks, size_t n_kv_heads,
+                        size_t head_dim, size_t block_rows, const float *sign)
+    void i8a_paged_free_work(i8a_paged *p)
+    int i8a_paged_write(const i8a_kernels *kt, const i8a_paged *p, const int64_t *slots,
+                        size_t n, const float *k, const float *v, size_t *bad)
+    int i8a_paged_attend(const i8a_kernels *kt, i8a_paged *p, const i8a_paged_seq *seqs,
+                         size_t n, const float *q, size_t h, const i8a_options *opt,
+                         size_t max_threads, float *out, size_t *bad)
+    void i8a_paged_dequantize(const i8a_kernels *kt, const i8a_paged *p, const int32_t *blocks,
+                              size_t length, float *k, float *v)
 
 
 cdef extern from "_guard.h" nogil:

@@ -87,6 +87,11 @@ typedef struct {
     float *k4_min_scale, *k4_step_scale;  /* [n_kv_heads][k4 groups] their powers of two */
     uint8_t *v4;                /* [n_kv_heads][ceil(max_seq / 4)][2 head_dim] tiles of nibbles */
     float *v4_min;              /* [n_kv_heads][max_seq] */
+    /* A sequence of a paged pool (i8a_paged_attend's views): its rows lie in the pool's blocks
+     * (paged), blocks[b] holding positions b * block_rows ..; the buffers above are then NULL
+     * (8/8, rotated or not, nothing else). NULL for a cache with buffers of its own. */
+    const struct i8a_paged *paged;
+    const int32_t *blocks;
 } i8a_cache;
 
 /* A cache's format: what decides its buffers. */
@@ -232,7 +237,8 @@ typedef struct {
  *     (o [R][d], m [R], l [R]); the part is 0 for the sinks and 1 for the window when both are
  *     on, else 0;
  *   windows: with a recent window, per kv head the state of R rows over it (the same shape);
- *   workers: per thread the attend scratch, worker_bytes each; end: the workspace's size. */
+ *   workers: per thread the attend scratch, worker_bytes each (a paged view's: the scales of
+ *     the span it attends from `gather` on, 2 * I8A_CHUNK floats); end: the workspace's size. */
 typedef struct {
     i8a_chunk_runs runs;    /* the visible chunks */
     size_t nvis;            /* their number: runs.count[0] + runs.count[1] */
@@ -245,7 +251,7 @@ typedef struct {
     size_t threads;         /* threads the items run on */
     size_t q_lo, c_hi, c_lo, bias, pos0_logit, q_float, v_pos0, residual, left, run_m, run_l;
     size_t states, windows, workers, end;
-    size_t state_bytes, worker_bytes;
+    size_t state_bytes, worker_bytes, gather;
 } i8a_plan;
 
 /* The plan of a decode of t queries of h heads (1 <= t <= len, h a multiple of hkv) with
@@ -291,6 +297,74 @@ int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, cons
 int i8a_prefill_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *k,
                       const float *v, const float *q, size_t t, size_t h,
                       const i8a_options *opt, size_t max_threads, float *out, size_t *bad);
+
+/* A paged pool: one layer's K and V rows of many sequences in blocks of block_rows positions,
+ * a sequence's blocks named by its block table (any blocks, in position order), so that
+ * sequences can share the blocks of a common prefix. The format is the contiguous cache's
+ * FORMATS["rotated"] (K and V rotated alike by sign, or neither; int8 codes and a float32 scale
+ * per row; no float rows, no window, no offsets), and a sequence's rows in the pool decode to
+ * the bits the same rows give in such a cache. A block holds, per kv head g from g * block_rows
+ * * (2 d + 8) bytes on (i8a_paged_block_bytes): K's codes [block_rows][d], V's codes in tiles
+ * [block_rows / 4][d][4] (dispatch.h), K's scales [block_rows] and V's [block_rows]. A
+ * position's rows are written once, by slot (i8a_paged_write); a full block then never changes.
+ * The pool's memory belongs to its owner (the front end, or the serving engine's tensor). */
+typedef struct i8a_paged {
+    uint8_t *base;              /* [blocks][block_bytes], 64-byte aligned */
+    size_t blocks, n_kv_heads, head_dim;
+    size_t block_rows;          /* positions a block: a power of two, 16 .. 256 */
+    unsigned block_shift;       /* log2(block_rows) */
+    size_t block_bytes;         /* i8a_paged_block_bytes */
+    const float *sign;          /* [head_dim] the rotation's signs, or NULL: unrotated */
+    void *work;                 /* the attends' workspace (64-byte aligned), grown by them */
+    size_t work_bytes;
+} i8a_paged;
+
+/* Bytes a block of a pool: n_kv_heads * block_rows * (2 head_dim + 8); 0 when it does not fit
+ * a size_t. */
+size_t i8a_paged_block_bytes(size_t n_kv_heads, size_t head_dim, size_t block_rows);
+
+/* p: a pool over base (blocks * i8a_paged_block_bytes bytes, 64-byte aligned, owned by the
+ * caller; what it holds is taken as written rows), its workspace empty. Requires head_dim a
+ * multiple of 16 up to I8A_MAX_HEAD_DIM, block_rows a power of two in 16 .. 256. */
+void i8a_paged_init(i8a_paged *p, uint8_t *base, size_t blocks, size_t n_kv_heads,
+                    size_t head_dim, size_t block_rows, const float *sign);
+
+/* Free the workspace (the blocks belong to the pool's owner). */
+void i8a_paged_free_work(i8a_paged *p);
+
+/* Write n rows by slot: row i of k and of v ([n][hkv][d] float32 each) becomes the position
+ * slots[i] % block_rows of block slots[i] / block_rows, coded as i8a_append codes a row of the
+ * rotated format; a negative slot is skipped. Every other slot must be below blocks *
+ * block_rows. Returns 0, or with the pool unchanged 1 / 2 when a row of k / v that is not
+ * skipped holds a NaN, an Inf or a value beyond +-I8A_VALUE_MAX, *bad = i * hkv + head of the
+ * first (row order, k before v). */
+int i8a_paged_write(const i8a_kernels *kt, const i8a_paged *p, const int64_t *slots, size_t n,
+                    const float *k, const float *v, size_t *bad);
+
+/* One sequence of a paged attend. */
+typedef struct {
+    const int32_t *blocks;      /* its blocks in position order: ceil(length / block_rows) of
+                                   them, each below the pool's block count */
+    size_t length;              /* positions it holds, 1 .. */
+    size_t t;                   /* its queries: positions length - t .. length - 1, 1 <= t <=
+                                   length */
+} i8a_paged_seq;
+
+/* Attend n sequences of the pool in one pool job, each as i8a_decode attends t queries over a
+ * contiguous cache holding the same rows (the same bits): sequence b's queries are t_b rows of
+ * q [.][h][d] (sequence 0's first, then 1's, ...) and its outputs the same rows of out. Its
+ * (kv head, chunk) items share the threads with every other sequence's (at most max_threads,
+ * by the work of the whole batch). Requires n >= 1, h a multiple of hkv, i8a_decode's
+ * conditions on opt. Returns 0, or with out untouched: i8a_decode's 1 / 2 with *bad the q row
+ * (into q, all sequences' rows counted); 3 when the workspace cannot be allocated. */
+int i8a_paged_attend(const i8a_kernels *kt, i8a_paged *p, const i8a_paged_seq *seqs, size_t n,
+                     const float *q, size_t h, const i8a_options *opt, size_t max_threads,
+                     float *out, size_t *bad);
+
+/* The rows a sequence's attend reads, as floats: k and v [length][hkv][d] float32, code * scale
+ * rotated back (i8a_dequantize's operations). blocks as in i8a_paged_seq. */
+void i8a_paged_dequantize(const i8a_kernels *kt, const i8a_paged *p, const int32_t *blocks,
+                          size_t length, float *k, float *v);
 
 /* Forget the n oldest positions (n <= len; with K at 4 bits a multiple of I8A_K4_GROUP, so
  * the groups stay whole, or len: everything): position n + i becomes position i, and len shrinks

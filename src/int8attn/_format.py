@@ -21,6 +21,7 @@ DEFAULT = FORMATS["default"]
 
 MAX_HEAD_DIM = 1024                # head_dim: a multiple of 16, at most this
 CHUNK = 256                        # tokens per softmax chunk (the contract's order)
+BLOCK_SIZES = (16, 32, 64, 128, 256)   # a paged pool's positions per block (powers of two)
 V_TILE = 4                         # positions per tile of V's codes (the integer V dots)
 BITS = (8, 4)                      # k_bits, v_bits of a KVCache
 K4_GROUP = 32                      # positions per K group at 4 bits (per-channel ranges)

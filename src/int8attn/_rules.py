@@ -136,6 +136,16 @@ def check_decode_queries(t, recent, max_seq, length, where=""):
             f"append and attend a longer chunk in one call with prefill(k, v, q)")
 
 
+# -- the paged pool --------------------------------------------------------------------------
+
+def check_block_size(block_size):
+    """A paged pool's block holds a power of two of positions from 16 to 256: a whole number
+    of V's tiles of 4, at most one softmax chunk, and a block's row found by a shift."""
+    if block_size not in F.BLOCK_SIZES:
+        raise ValueError(f"block_size must be one of {', '.join(map(str, F.BLOCK_SIZES))}, "
+                         f"got {block_size}")
+
+
 # -- the rotation ---------------------------------------------------------------------------
 
 def seed_in_range(seed):

@@ -3,7 +3,9 @@
  * and half_row, on hand-built inputs (no cache, no engine) of the sizes that break naive loops:
  * d from 1 (the quantizer) or 16 to 1024, 1 .. 256 tokens (odd counts and the 4/8/16 edges),
  * every V lead 0 .. 3 and K group lead 0 .. 31, 1 .. 7 query heads, both q precisions, the soft
- * cap on and off, unaligned rows. Inputs are allocated to the exact size of each kernel's
+ * cap on and off, unaligned rows; and each 8/8 case again with its rows in the blocks of a
+ * paged pool (16 .. 128 rows a block, shuffled, the span starting anywhere in its first block),
+ * which must give the bits of the same rows in one run. Inputs are allocated to the exact size of each kernel's
  * preconditions (dispatch.h), so a sanitizer build catches any read past them, and the scratch
  * and the outputs start as NaN bytes for the scalar tier and as zeros for the others, so an
  * output that depends on what was there before differs. Built like tiers_agree.c:
@@ -19,10 +21,10 @@
 
 #include "_simd/common.h"   /* i8a_half_bits, to build the rows of halves */
 
-enum { E_QUANTIZE, E_A88, E_A44, E_A84, E_A48, E_MERGE, E_ROTATE, E_FLOAT, E_HALF, E_N };
-static const char *const entry_name[E_N] = {"quantize_row", "attend8/8", "attend4/4",
-                                            "attend8/4", "attend4/8", "merge", "rotate",
-                                            "attend_float", "half_row"};
+enum { E_QUANTIZE, E_A88, E_A88P, E_A44, E_A84, E_A48, E_MERGE, E_ROTATE, E_FLOAT, E_HALF, E_N };
+static const char *const entry_name[E_N] = {"quantize_row", "attend8/8", "attend8/8 paged",
+                                            "attend4/4", "attend8/4", "attend4/8", "merge",
+                                            "rotate", "attend_float", "half_row"};
 
 #define MAX_TIERS 8
 #define OUT_BYTES (8 * 2 + 7 * I8A_MAX_HEAD_DIM * 4 + 1024)
@@ -202,6 +204,62 @@ static uint16_t half(float x)
     return i8a_half_bits(x);
 }
 
+/* The 8/8 case `in` (its span in one run: K rows k, V tiles v) again with its rows in the
+ * blocks of a pool: 2^shift rows a block, the blocks in a shuffled order among spare ones full
+ * of other codes, the span's first row at row lead of its first block (lead % 4 = v_lead, the
+ * tiles aligned as in a cache). Every tier must give the scalar tier's bits (check), and the
+ * scalar tier the bits of the one-run span. */
+static void paged_case(const attend_in *one, const int8_t *k, const int8_t *v, size_t tiles,
+                       const char *what)
+{
+    static size_t turn;
+    const size_t d = one->q.d, n = one->kv.n, v_lead = one->kv.v_lead;
+    const unsigned shift = 4 + (unsigned)(turn++ % 4);     /* 16, 32, 64, 128 rows */
+    const size_t rows = (size_t)1 << shift;
+    const size_t lead = (next_u32() % (rows / I8A_V_TILE)) * I8A_V_TILE + v_lead;
+    const size_t used = (lead + n + rows - 1) / rows, spare = 3, nb = used + spare;
+    const size_t block_bytes = 2 * rows * d + 64;          /* K rows, V tiles, a gap */
+    int8_t *pool = xmalloc(nb * block_bytes);
+    for (size_t i = 0; i < nb * block_bytes; i++)
+        pool[i] = code127();
+    int32_t *order = xmalloc(nb * sizeof(int32_t));
+    for (size_t b = 0; b < nb; b++)
+        order[b] = (int32_t)b;
+    for (size_t b = nb - 1; b > 0; b--) {                  /* Fisher-Yates */
+        const size_t j = next_u32() % (b + 1);
+        const int32_t x = order[b];
+        order[b] = order[j], order[j] = x;
+    }
+    const size_t vlead = lead - v_lead;
+    for (size_t r = 0; r < n; r++) {
+        const size_t row = lead + r;
+        memcpy(pool + order[row >> shift] * block_bytes + (row & (rows - 1)) * d, k + r * d, d);
+    }
+    for (size_t t = 0; t < tiles; t++) {
+        const size_t row = vlead + I8A_V_TILE * t;
+        memcpy(pool + order[row >> shift] * block_bytes + rows * d + (row & (rows - 1)) * d,
+               v + t * I8A_V_TILE * d, I8A_V_TILE * d);
+    }
+    attend_in in = *one;
+    i8a_span *kv = &in.kv;
+    kv->k = pool, kv->v = pool + rows * d;
+    kv->blocks = order, kv->block_bytes = block_bytes, kv->block_shift = shift;
+    kv->lead = lead, kv->vlead = vlead;
+    if (kv->next_n) {                                      /* the hint: the same rows, paged */
+        kv->next_k = kv->k, kv->next_v = kv->v, kv->next_blocks = order;
+        kv->next_lead = lead, kv->next_vlead = vlead;
+    }
+    char where[200];
+    snprintf(where, sizeof where, "%s, %zu rows a block, lead %zu", what, rows, lead);
+    check(E_A88P, run_attend, &in, where);
+    static unsigned char a[OUT_BYTES], b[OUT_BYTES];
+    const size_t na = run_attend(tiers[0].kt, one, a), nbytes = run_attend(tiers[0].kt, &in, b);
+    if (na != nbytes || memcmp(a, b, na) != 0)
+        if (tiers[0].diffs++ < 5)
+            printf("  scalar paged attend differs from one run: %s\n", where);
+    free(pool), free(order);
+}
+
 static void attend_case(int entry, int kf, int vf, size_t d, size_t n, size_t v_lead,
                         size_t k4_lead, size_t nq, int two, int cap, int weights)
 {
@@ -228,6 +286,8 @@ static void attend_case(int entry, int kf, int vf, size_t d, size_t n, size_t v_
                      cap ? 20.0f : 0.0f, cap ? 1.0f / 20.0f : 0.0f, bias, q_float};
     kv->n = n;
     kv->v_lead = v_lead;
+    kv->blocks = kv->next_blocks = i8a_one_block;      /* one run (paged_case: blocks) */
+    kv->block_shift = I8A_ONE_BLOCK_SHIFT;
     const size_t tiles = (v_lead + n + I8A_V_TILE - 1) / I8A_V_TILE;
     float *vs = xmalloc(n * sizeof(float));
     for (size_t s = 0; s < n; s++) {
@@ -296,6 +356,8 @@ static void attend_case(int entry, int kf, int vf, size_t d, size_t n, size_t v_
              "d %zu, n %zu, v_lead %zu, k4_lead %zu, nq %zu, q_bits %d, cap %d, weights %d", d, n,
              v_lead, k4_lead, nq, two ? 16 : 8, cap, weights);
     check(entry, run_attend, &in, what);
+    if (entry == E_A88)
+        paged_case(&in, k, v, tiles, what);
     free(q_hi), free(q_lo), free(c_hi), free(c_lo), free(bias), free(q_float), free(vs);
     free(k), free(ks), free(k4), free(k4_min), free(k4_step), free(k4_ms), free(k4_ss);
     free(v), free(v4), free(v4_min);

@@ -87,6 +87,122 @@ static int run_case(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
     return rc;
 }
 
+/* A paged pool against contiguous caches of the same format (rotated, 8/8, no float rows): three
+ * sequences of different lengths, their rows written by slot into shuffled blocks of
+ * block_rows positions (two sharing the first blocks' rows, as prefix caching shares them),
+ * attended in one call with t queries each; each output must equal a decode of the same rows
+ * and queries in a contiguous cache, bit for bit. Adds the outputs to *sum; returns the
+ * sequences that differ. */
+static size_t paged_case(const i8a_kernels *kt, size_t h, size_t hkv, size_t d,
+                         size_t block_rows, const size_t len[3], const size_t t[3],
+                         const i8a_options *opt, uint64_t *sum)
+{
+    static float sign[I8A_MAX_HEAD_DIM];
+    for (size_t i = 0; i < d; i++)
+        sign[i] = (i * 2654435761u) & 64 ? -1.0f : 1.0f;
+    size_t nblocks = 0, most = 0, diffs = 0, qrows = 0;
+    for (int b = 0; b < 3; b++) {
+        nblocks += (len[b] + block_rows - 1) / block_rows;
+        most = len[b] > most ? len[b] : most;
+        qrows += t[b] * h;
+    }
+    nblocks += 2;                                   /* spare blocks, never named */
+    const size_t row = hkv * d, bb = i8a_paged_block_bytes(hkv, d, block_rows);
+    uint8_t *base = i8a_alloc_aligned(nblocks * bb);
+    memset(base, 0x5a, nblocks * bb);
+    int32_t *order = malloc(nblocks * sizeof(int32_t));
+    for (size_t i = 0; i < nblocks; i++)
+        order[i] = (int32_t)i;
+    for (size_t i = nblocks - 1; i > 0; i--) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        const size_t j = (size_t)(rng >> 33) % (i + 1);
+        const int32_t x = order[i];
+        order[i] = order[j], order[j] = x;
+    }
+    i8a_paged p;
+    i8a_paged_init(&p, base, nblocks, hkv, d, block_rows, sign);
+    float *k = malloc(3 * most * row * sizeof(float)), *v = malloc(3 * most * row * sizeof(float));
+    float *q = malloc(qrows * d * sizeof(float)), *out = malloc(qrows * d * sizeof(float));
+    float *ref = malloc(most * h * d * sizeof(float));
+    for (size_t i = 0; i < 3 * most * row; i++)
+        k[i] = gauss() + (float)(i % 5) - 2.0f, v[i] = gauss();
+    for (size_t i = 0; i < qrows * d; i++)
+        q[i] = gauss();
+    /* sequence 1 shares sequence 0's rows and its first blocks (a prefix) */
+    const size_t shared = len[0] < len[1] ? len[0] / block_rows : len[1] / block_rows;
+    memcpy(k + most * row, k, shared * block_rows * row * sizeof(float));
+    memcpy(v + most * row, v, shared * block_rows * row * sizeof(float));
+    int32_t *tables[3];
+    i8a_paged_seq seqs[3];
+    size_t next = 0, bad = 0;
+    int rc = 0;
+    for (int b = 0; b < 3; b++) {
+        const size_t nb = (len[b] + block_rows - 1) / block_rows;
+        tables[b] = malloc(nb * sizeof(int32_t));
+        for (size_t j = 0; j < nb; j++)
+            tables[b][j] = b == 1 && j < shared ? tables[0][j] : order[next++];
+        int64_t *slots = malloc(len[b] * sizeof(int64_t));
+        for (size_t pos = 0; pos < len[b]; pos++)   /* shared rows: written again, the same */
+            slots[pos] = (int64_t)tables[b][pos / block_rows] * (int64_t)block_rows
+                         + (int64_t)(pos % block_rows);
+        rc |= i8a_paged_write(kt, &p, slots, len[b], k + b * most * row, v + b * most * row, &bad);
+        free(slots);
+        seqs[b] = (i8a_paged_seq){tables[b], len[b], t[b]};
+    }
+    rc |= i8a_paged_attend(kt, &p, seqs, 3, q, h, opt, 1 + len[0] % 3, out, &bad);
+    *sum = digest(*sum, out, qrows * d * sizeof(float));
+    const i8a_format f = {hkv, most, d, 8, 8, 0, 0, 0};
+    i8a_buffer buf[I8A_BUFFERS];
+    void *mem[I8A_BUFFERS];
+    size_t total;
+    i8a_store_layout(&f, buf, &total);
+    size_t at = 0;
+    for (int b = 0; b < 3; b++) {
+        for (size_t i = 0; i < I8A_BUFFERS; i++)
+            mem[i] = buf[i].bytes ? calloc(1, buf[i].bytes) : NULL;
+        i8a_cache c;
+        i8a_store_bind(&c, &f, mem, sign);
+        rc |= i8a_append(kt, &c, k + b * most * row, v + b * most * row, len[b], &bad);
+        rc |= i8a_decode(kt, &c, q + at * d, t[b], h, opt, 2, ref, &bad);
+        diffs += rc != 0 || memcmp(ref, out + at * d, t[b] * h * d * sizeof(float)) != 0;
+        at += t[b] * h;
+        i8a_cache_free_work(&c);
+        for (size_t i = 0; i < I8A_BUFFERS; i++)
+            free(mem[i]);
+    }
+    i8a_paged_free_work(&p);
+    for (int b = 0; b < 3; b++)
+        free(tables[b]);
+    i8a_free_aligned(base);
+    free(order), free(k), free(v), free(q), free(out), free(ref);
+    return diffs;
+}
+
+/* The paged cases of one tier: block sizes 16 .. 128, GQA, windows with sinks, the soft cap,
+ * single queries and prefill chunks across chunk and block boundaries. */
+static size_t paged_differs(const i8a_kernels *kt, size_t *cases, uint64_t *sum)
+{
+    static const struct {
+        size_t h, hkv, d, rows, len[3], t[3], window, sinks;
+        float cap;
+    } pc[] = {
+        {8, 8, 128, 16, {300, 517, 1}, {1, 1, 1}, 0, 0, 0.0f},
+        {32, 8, 128, 128, {700, 900, 77}, {1, 60, 77}, 0, 0, 0.0f},
+        {4, 1, 256, 64, {700, 900, 33}, {5, 1, 17}, 512, 0, 0.0f},
+        {6, 2, 64, 32, {613, 613, 258}, {1, 40, 258}, 100, 4, 30.0f},
+        {7, 1, 32, 16, {45, 300, 512}, {3, 300, 1}, 0, 0, 5.0f},
+    };
+    size_t diffs = 0;
+    for (size_t i = 0; i < sizeof pc / sizeof pc[0]; i++)
+        for (int q_bits = 8; q_bits <= 16; q_bits += 8) {
+            const i8a_options opt = {0.09f, q_bits, pc[i].window, pc[i].sinks, pc[i].cap};
+            diffs += paged_case(kt, pc[i].h, pc[i].hkv, pc[i].d, pc[i].rows, pc[i].len, pc[i].t,
+                                &opt, sum);
+            (*cases)++;
+        }
+    return diffs;
+}
+
 /* The rotation alone, forward and inverse, out of place, at every block size: 1 if it differs. */
 static int rotation_differs(const i8a_kernels *kt, const i8a_kernels *scalar)
 {
@@ -198,6 +314,12 @@ int main(void)
                 }
             }
         }
+        size_t paged_cases = 0;
+        uint64_t paged_sum = 0xcbf29ce484222325ull;
+        const size_t paged = paged_differs(t, &paged_cases, &paged_sum);
+        printf("%-14s paged pool: %zu cases, %zu sequences differ from a contiguous cache; "
+               "outputs %016llx\n", t->name, paged_cases, paged, (unsigned long long)paged_sum);
+        failed |= paged != 0;
         const int rot = rotation_differs(t, scalar);
         printf("%-14s %zu cases, %zu differ from scalar; rotation over 12 head dims %s; outputs "
                "%016llx\n", t->name, cases, diffs, rot ? "DIFFERS" : "agrees",

@@ -70,18 +70,35 @@ typedef struct {
 #define I8A_V_TILE 4
 
 /* One chunk of one kv head's history: rows s0 .. s0+n-1; and where the thread's next chunk
- * lies, as a prefetch hint (next_n = 0: none). K rows are d bytes apart from row s0 on; V is
- * read by whole tiles, from the tile holding row s0, in which row s0 is slot v_lead (the V
- * pass reads the slots before v_lead and after the last row too, with weight 0). */
+ * lies, as a prefetch hint (next_n = 0: none). V is read by whole tiles, from the tile holding
+ * row s0, in which row s0 is slot v_lead (the V pass reads the slots before v_lead and after the
+ * last row too, with weight 0).
+ *
+ * At 8 bits the rows lie in blocks of 2^block_shift positions (a paged pool) or in one run (a
+ * contiguous cache: one block, blocks = i8a_one_block, block_shift I8A_ONE_BLOCK_SHIFT, leads
+ * 0); the kernels reach them through i8a_krow and i8a_vtile below, never by arithmetic of their
+ * own. Span row r is row lead + r of the span's blocks, whose block b starts at k + blocks[b] *
+ * block_bytes (K's row 0) and v + blocks[b] * block_bytes (V's tile 0); V's tile t of the span
+ * holds rows vlead + 4 t .. of them (vlead = lead - v_lead: tiles never straddle blocks, a block
+ * holds a multiple of I8A_V_TILE rows). The next span's rows lie the same way (next_k, next_v,
+ * next_blocks, next_lead, next_vlead), in blocks of the same pool. A side at 4 bits is always
+ * one run (a paged pool holds 8-bit rows): k4 and v4 point at row s0's codes and tile, and
+ * next_k / next_v at the next span's (4-bit kernels prefetch them as one run). */
 typedef struct {
-    const int8_t *k;          /* [n][d], rows d bytes apart */
-    const int8_t *v;          /* tiles [ceil((v_lead + n) / 4)][d][4], from row s0's */
+    const int8_t *k;          /* K at 8 bits: row 0 of block 0, rows d bytes apart in a block */
+    const int8_t *v;          /* V at 8 bits: tile 0 of block 0, tiles [.][d][4] in a block */
+    const int32_t *blocks;    /* the span's blocks in position order (never NULL) */
+    size_t block_bytes;       /* a block's place: blocks[b] * block_bytes from k (from v) */
+    unsigned block_shift;     /* rows per block: 2^block_shift, at least 16 (I8A_ONE_BLOCK_SHIFT:
+                                 one run) */
+    size_t lead, vlead;       /* span row 0 is row lead of block 0; tile 0 starts at row vlead */
     const float *ks, *vs;     /* [n] */
     size_t n;                 /* 1 .. I8A_CHUNK */
     size_t v_lead;            /* s0 % I8A_V_TILE: row s0's slot in its tile */
-    const int8_t *next_k;     /* [next_n][d] (at 4 bits [next_n][d / 2]) */
-    const int8_t *next_v;     /* the tile holding the next span's first row (at 4 bits, its
-                                 tile of nibbles) */
+    const int8_t *next_k;     /* the next span's K (at 8 bits as k above, at 4 bits its row s0) */
+    const int8_t *next_v;     /* its V (at 8 bits as v above, at 4 bits its tile of nibbles) */
+    const int32_t *next_blocks;   /* at 8 bits: its blocks, as blocks above */
+    size_t next_lead, next_vlead;
     size_t next_n;
     /* K at 4 bits (else NULL; k and ks are then unused): */
     const uint8_t *k4;        /* [n][d / 2] rows from row s0 */
@@ -92,6 +109,75 @@ typedef struct {
     const uint8_t *v4;        /* tiles [ceil((v_lead + n) / 4)][2 d] from row s0's */
     const float *v4_min;      /* [n] */
 } i8a_span;
+
+/* The blocks of a span that lies in one run: block 0 at offset 0. */
+#define I8A_ONE_BLOCK_SHIFT 60
+static const int32_t i8a_one_block[1] = {0};
+
+/* Row r of a span's blocks from the first (lead + r, say): its block's place plus its row's. */
+static inline size_t i8a_block_offset(const int32_t *blocks, size_t block_bytes, unsigned shift,
+                                      size_t row, size_t row_bytes)
+{
+    const size_t mask = ((size_t)1 << shift) - 1;
+    return (size_t)blocks[row >> shift] * block_bytes + (row & mask) * row_bytes;
+}
+
+/* K row r (0 <= r < n) of a span at 8 bits, [d] bytes. */
+static inline const int8_t *i8a_krow(const i8a_span *kv, size_t r, size_t d)
+{
+    return kv->k + i8a_block_offset(kv->blocks, kv->block_bytes, kv->block_shift, kv->lead + r, d);
+}
+
+/* V tile t (0 <= t < ceil((v_lead + n) / 4)) of a span at 8 bits, [d][4] bytes. */
+static inline const int8_t *i8a_vtile(const i8a_span *kv, size_t t, size_t d)
+{
+    return kv->v + i8a_block_offset(kv->blocks, kv->block_bytes, kv->block_shift,
+                                    kv->vlead + I8A_V_TILE * t, d);
+}
+
+/* The run of V tiles from tile t on that lie in one block (all of them in one run): returns
+ * how many (1 .. tiles - t), tile t's address in *x; tile t + u is then at *x + u * 4 d. The V
+ * passes loop over runs, so a contiguous cache's loop is the one it always was. */
+static inline size_t i8a_vrun(const i8a_span *kv, size_t t, size_t tiles, size_t d,
+                              const int8_t **x)
+{
+    const size_t row = kv->vlead + I8A_V_TILE * t;
+    const size_t rows = (size_t)1 << kv->block_shift;
+    const size_t left = (rows - (row & (rows - 1))) / I8A_V_TILE;    /* tiles left in its block */
+    *x = i8a_vtile(kv, t, d);
+    return left < tiles - t ? left : tiles - t;
+}
+
+/* Row r (0 <= r < next_n) of the next span's K, and the tile holding it of its V, at 8 bits:
+ * the prefetch hints. */
+static inline const int8_t *i8a_next_krow(const i8a_span *kv, size_t r, size_t d)
+{
+    return kv->next_k + i8a_block_offset(kv->next_blocks, kv->block_bytes, kv->block_shift,
+                                         kv->next_lead + r, d);
+}
+
+static inline const int8_t *i8a_next_vrow(const i8a_span *kv, size_t r, size_t d)
+{
+    return kv->next_v + i8a_block_offset(kv->next_blocks, kv->block_bytes, kv->block_shift,
+                                         kv->next_vlead + r, d);
+}
+
+/* Whether a span's rows lie in one run (a contiguous cache's): the K passes then take the loop
+ * they always had, K row r at k + r * d (i8a_krow_of, with the answer a constant). */
+static inline int i8a_one_run(const i8a_span *kv)
+{
+    return kv->block_shift == I8A_ONE_BLOCK_SHIFT;
+}
+
+static inline const int8_t *i8a_krow_of(const i8a_span *kv, size_t r, size_t d, int one_run)
+{
+    return one_run ? kv->k + r * d : i8a_krow(kv, r, d);
+}
+
+static inline const int8_t *i8a_next_krow_of(const i8a_span *kv, size_t r, size_t d, int one_run)
+{
+    return one_run ? kv->next_k + r * d : i8a_next_krow(kv, r, d);
+}
 
 /* Softmax state of nq query heads over some tokens: max logit, sum of exp(logit - m), and
  * the unnormalized output sum_s exp(logit_s - m) * v_scale_s * v_s (over a chunk, with the

@@ -85,6 +85,7 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
     const size_t nq = job->nq, rows = job->L.rows, nvis = job->L.nvis;
     const size_t chunks = c->n_kv_heads * nvis, items = c->n_kv_heads * job->L.per_head;
     float *scratch = (float *)(job->base + job->L.workers + worker * job->L.worker_bytes);
+    float *gather = (float *)((char *)scratch + job->L.gather);     /* a paged view's scales */
     atomic_size_t *left = (atomic_size_t *)(job->base + job->L.left);
     for (size_t item = begin; item < end; item++) {
         if (item >= chunks) {                               /* a kv head's recent window */
@@ -120,6 +121,7 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
         const i8a_attend_fn attend = job->kt->attend[k_format(c)][v_format(c)];
         if (whole) {
             i8a_span span = whole_span;
+            i8a_gather_scales(c, g, &span, gather);
             i8a_hint_next(&span, &next);
             const i8a_query q = query_at(job, g, 0, rows);
             const i8a_state st = state_at(job, g, vi, job->L.parts - 1, 0);
@@ -135,6 +137,7 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
                     if (a >= b)
                         continue;
                     i8a_span span = i8a_span_rows(c, g, a, b);
+                    i8a_gather_scales(c, g, &span, gather);
                     i8a_hint_next(&span, &next);
                     const i8a_query q = query_at(job, g, tt * nq, nq);
                     const i8a_state st = state_at(job, g, vi, job->L.parts == 2 ? k : 0, tt * nq);
@@ -261,9 +264,9 @@ static void batch_range(void *ctx, size_t begin, size_t end, size_t after, size_
     }
 }
 
-int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *q,
-                     size_t t, size_t h, const i8a_options *opt, size_t max_threads, float *out,
-                     size_t *bad)
+int i8a_decode_views(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *q,
+                     size_t t, const size_t *ts, size_t h, const i8a_options *opt,
+                     size_t max_threads, float *out, size_t *bad, i8a_cache *owner)
 {
     I8A_EXPECT(n >= 1);
     I8A_EXPECT(opt->scale > 0.0f && opt->scale <= FLT_MAX);
@@ -289,19 +292,33 @@ int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, cons
     size_t work = 0;
     first[0] = 0;
     for (size_t b = 0; b < n; b++) {
-        jobs[b].L = i8a_plan_decode(cs[b], t, h, opt, max_threads);
+        jobs[b].L = i8a_plan_decode(cs[b], ts ? ts[b] : t, h, opt, max_threads);
         work += jobs[b].L.work;
         first[b + 1] = first[b] + jobs[b].L.items;
     }
     const size_t threads = i8a_threads_for(work, first[n], max_threads);
-    const size_t qsize = t * h * cs[0]->head_dim;
     int rc = 0;
+    if (owner) {            /* one workspace, the owner's, cut into the caches' */
+        size_t total = 0;
+        for (size_t b = 0; b < n; b++)
+            total += (i8a_plan_with_threads(jobs[b].L, threads).end + 63) & ~(size_t)63;
+        rc = i8a_reserve_work(owner, total) != 0 ? 3 : 0;
+        for (size_t b = 0, at = 0; b < n && rc == 0; b++) {
+            cs[b]->work = (char *)owner->work + at;
+            cs[b]->work_bytes = i8a_plan_with_threads(jobs[b].L, threads).end;
+            at += (cs[b]->work_bytes + 63) & ~(size_t)63;
+        }
+    }
+    size_t row = 0;         /* cache b's first q row: the earlier caches' t * h */
     for (size_t b = 0; b < n && rc == 0; b++) {
+        const size_t tb = ts ? ts[b] : t;
         I8A_EXPECT(cs[b]->head_dim == cs[0]->head_dim && cs[b]->n_kv_heads == cs[0]->n_kv_heads);
-        rc = prepare(kt, cs[b], q + b * qsize, t, h, opt,
-                     i8a_plan_with_threads(jobs[b].L, threads), out + b * qsize, &jobs[b], bad);
+        const size_t at = row * cs[0]->head_dim;
+        rc = prepare(kt, cs[b], q + at, tb, h, opt, i8a_plan_with_threads(jobs[b].L, threads),
+                     out + at, &jobs[b], bad);
         if (rc != 0 && rc != 3)
-            *bad += b * t * h;
+            *bad += row;
+        row += tb * h;
     }
     if (rc == 0) {
         for (size_t b = 0; b < n; b++)              /* a cache whose queries see only position 0 */
@@ -317,6 +334,13 @@ int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, cons
         free(first);
     }
     return rc;
+}
+
+int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *q,
+                     size_t t, size_t h, const i8a_options *opt, size_t max_threads, float *out,
+                     size_t *bad)
+{
+    return i8a_decode_views(kt, cs, n, q, t, NULL, h, opt, max_threads, out, bad, NULL);
 }
 
 int i8a_decode(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t, size_t h,

@@ -80,9 +80,62 @@ static inline size_t v_tiles_of(const i8a_cache *c)
     return (c->max_seq + I8A_V_TILE - 1) / I8A_V_TILE;
 }
 
+/* The parts of kv head g's share of a paged block (_engine.h's layout), as offsets from it. */
+enum { PAGED_K, PAGED_V, PAGED_KS, PAGED_VS };
+
+static inline size_t paged_part(const i8a_paged *p, int part)
+{
+    const size_t rd = p->block_rows * p->head_dim;
+    return part == PAGED_K ? 0 : part == PAGED_V ? rd : part == PAGED_KS ? 2 * rd
+                                                                         : 2 * rd + 4 * p->block_rows;
+}
+
+/* Kv head g's part `part` in the block of a paged view's position pos (the view's blocks[pos /
+ * block_rows]; a view without blocks is the whole pool, its blocks in order: position = slot). */
+static inline uint8_t *paged_at(const i8a_cache *c, size_t g, size_t pos, int part)
+{
+    const i8a_paged *p = c->paged;
+    const size_t b = pos >> p->block_shift;
+    const size_t block = c->blocks ? (size_t)c->blocks[b] : b;
+    return p->base + block * p->block_bytes + g * (p->block_rows * (2 * p->head_dim + 8))
+           + paged_part(p, part);
+}
+
+/* The row within its block of a paged view's position pos. */
+static inline size_t paged_row(const i8a_cache *c, size_t pos)
+{
+    return pos & (c->paged->block_rows - 1);
+}
+
+/* K at 8 bits: the codes [d] and the scale of kv head g at position pos. */
+static inline int8_t *k_row(const i8a_cache *c, size_t g, size_t pos)
+{
+    if (c->paged)
+        return (int8_t *)paged_at(c, g, pos, PAGED_K) + paged_row(c, pos) * c->head_dim;
+    return c->k_codes + (g * c->max_seq + pos) * c->head_dim;
+}
+
+static inline float *k_scale_of(const i8a_cache *c, size_t g, size_t pos)
+{
+    if (c->paged)
+        return (float *)paged_at(c, g, pos, PAGED_KS) + paged_row(c, pos);
+    return c->k_scale + g * c->max_seq + pos;
+}
+
+/* V's scale (at 4 bits its step) of kv head g at position pos. */
+static inline float *v_scale_of(const i8a_cache *c, size_t g, size_t pos)
+{
+    if (c->paged)
+        return (float *)paged_at(c, g, pos, PAGED_VS) + paged_row(c, pos);
+    return c->v_scale + g * c->max_seq + pos;
+}
+
 /* The V tile of kv head g holding position pos. */
 static inline int8_t *v_tile(const i8a_cache *c, size_t g, size_t pos)
 {
+    if (c->paged)
+        return (int8_t *)paged_at(c, g, pos, PAGED_V)
+               + paged_row(c, pos) / I8A_V_TILE * I8A_V_TILE * c->head_dim;
     return c->v_codes + (g * v_tiles_of(c) + pos / I8A_V_TILE) * I8A_V_TILE * c->head_dim;
 }
 
@@ -281,6 +334,11 @@ i8a_plan i8a_plan_with_threads(i8a_plan L, size_t threads);
 /* Positions [a, b) of kv head g as a span (without a prefetch hint). */
 i8a_span i8a_span_rows(const i8a_cache *c, size_t g, size_t a, size_t b);
 
+/* A span of a paged view reads its rows' scales from buf [2 * I8A_CHUNK] (K's, then V's from
+ * buf + I8A_CHUNK): gathered from the blocks of kv head g; nothing for a contiguous cache,
+ * whose scales lie in a row. */
+void i8a_gather_scales(const i8a_cache *c, size_t g, i8a_span *span, float *buf);
+
 /* The next item's rows as span's prefetch hint: its K and V bytes, at 8 or 4 bits (the
  * kernels read them at the span's own widths: a window item's halves are two rows of codes). */
 void i8a_hint_next(i8a_span *span, const i8a_span *next);
@@ -359,6 +417,14 @@ static inline i8a_query query_at(const decode_job *job, size_t g, size_t r, size
 /* A batch's per-cache arrays (decode's jobs, prefill's copies and views) sit on the stack up
  * to this many caches, beyond it on the heap. */
 #define I8A_BATCH_STACK 8
+
+/* i8a_decode_batch with cache b's queries t[b] (ts != NULL; else t for every cache), its q and
+ * out rows after the earlier caches' t * h; with owner != NULL every cache's workspace is a
+ * slice of the owner's one (grown here; the caches' own are not freed), as the views of a
+ * paged pool decode. */
+int i8a_decode_views(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *q,
+                     size_t t, const size_t *ts, size_t h, const i8a_options *opt,
+                     size_t max_threads, float *out, size_t *bad, i8a_cache *owner);
 
 /* The workspace holds at least `bytes` (64-byte aligned): grown by half again at least, so a
  * growing cache reallocates rarely. 0, or -1 when it cannot be allocated (then unchanged). */

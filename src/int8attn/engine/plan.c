@@ -102,8 +102,8 @@ i8a_plan i8a_plan_decode(const i8a_cache *c, size_t t, size_t h, const i8a_optio
     L.items = hkv * L.per_head;
     L.work = i8a_work_of(c, t, h, L.items);
     L.state_bytes = align64(L.rows * (d + 2) * f);
-    L.worker_bytes = align64(2 * L.rows * I8A_CHUNK * f)
-                     + (has_four(c) ? align64(I8A_ATTEND4_EXTRA) : 0);
+    L.gather = align64(2 * L.rows * I8A_CHUNK * f) + (has_four(c) ? align64(I8A_ATTEND4_EXTRA) : 0);
+    L.worker_bytes = L.gather + (c->paged ? align64(2 * I8A_CHUNK * f) : 0);
     const size_t qrows = hkv * L.rows;
     L.q_lo = align64(qrows * d);
     L.c_hi = L.q_lo + align64(qrows * d);

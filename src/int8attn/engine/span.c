@@ -2,10 +2,32 @@
  * they start in their tiles and groups) and the next item's bytes as a prefetch hint. */
 #include "internal.h"
 
+/* Positions [a, b) of kv head g of a paged view: in its blocks from the one holding a (the
+ * scales are gathered by i8a_gather_scales). */
+static i8a_span paged_rows(const i8a_cache *c, size_t g, size_t a, size_t b)
+{
+    const i8a_paged *p = c->paged;
+    i8a_span span = {0};
+    span.k = (const int8_t *)p->base + g * (p->block_rows * (2 * p->head_dim + 8));
+    span.v = span.k + paged_part(p, PAGED_V);
+    span.blocks = c->blocks + (a >> p->block_shift);
+    span.block_bytes = p->block_bytes;
+    span.block_shift = p->block_shift;
+    span.lead = paged_row(c, a);
+    span.v_lead = a % I8A_V_TILE;
+    span.vlead = span.lead - span.v_lead;
+    span.n = b - a;
+    return span;
+}
+
 i8a_span i8a_span_rows(const i8a_cache *c, size_t g, size_t a, size_t b)
 {
+    if (c->paged)
+        return paged_rows(c, g, a, b);
     const size_t row = g * c->max_seq + a, d = c->head_dim;
     i8a_span span = {0};
+    span.blocks = i8a_one_block;
+    span.block_shift = I8A_ONE_BLOCK_SHIFT;
     span.ks = c->k_bits == 8 ? c->k_scale + row : NULL;
     span.vs = c->v_scale + row;
     span.n = b - a;
@@ -28,10 +50,34 @@ i8a_span i8a_span_rows(const i8a_cache *c, size_t g, size_t a, size_t b)
     return span;
 }
 
+void i8a_gather_scales(const i8a_cache *c, size_t g, i8a_span *span, float *buf)
+{
+    if (!c->paged)
+        return;
+    const i8a_paged *p = c->paged;
+    const uint8_t *head = p->base + g * (p->block_rows * (2 * p->head_dim + 8));
+    for (size_t r = 0; r < span->n;) {
+        const size_t row = span->lead + r, in_block = row & (p->block_rows - 1);
+        const size_t run = p->block_rows - in_block < span->n - r ? p->block_rows - in_block
+                                                                  : span->n - r;
+        const uint8_t *block = head + (size_t)span->blocks[row >> p->block_shift] * p->block_bytes;
+        memcpy(buf + r, (const float *)(block + paged_part(p, PAGED_KS)) + in_block,
+               run * sizeof(float));
+        memcpy(buf + I8A_CHUNK + r, (const float *)(block + paged_part(p, PAGED_VS)) + in_block,
+               run * sizeof(float));
+        r += run;
+    }
+    span->ks = buf;
+    span->vs = buf + I8A_CHUNK;
+}
+
 void i8a_hint_next(i8a_span *span, const i8a_span *next)
 {
     span->next_k = next->k4 ? (const int8_t *)next->k4 : next->k;
     span->next_v = next->v4 ? (const int8_t *)next->v4 : next->v;
+    span->next_blocks = next->blocks ? next->blocks : i8a_one_block;
+    span->next_lead = next->lead;
+    span->next_vlead = next->vlead;
     span->next_n = next->n;
 }
 
@@ -66,6 +112,8 @@ i8a_span i8a_window_span(const i8a_cache *c, size_t g)
     if (fw >= c->length)
         return span;
     const size_t s = slot_of(c, fw), n = c->length - fw;
+    span.blocks = i8a_one_block;
+    span.block_shift = I8A_ONE_BLOCK_SHIFT;
     span.k = (const int8_t *)(c->k_recent + (g * c->ring + s) * d);
     span.v = (const int8_t *)(c->v_recent + (g * c->ring + s) * d);
     span.n = 2 * (s + n <= c->ring ? n : c->ring - s);

@@ -242,16 +242,20 @@ static void dequantize_row(const i8a_kernels *kt, const i8a_cache *c, size_t g, 
                            int off, float *yk, float *yv)
 {
     const size_t d = c->head_dim, row = g * c->max_seq + pos;
-    if (c->k_bits == 8)
+    if (c->k_bits == 8) {
+        const int8_t *codes = k_row(c, g, pos);
+        const float ks = *k_scale_of(c, g, pos);
         for (size_t i = 0; i < d; i++)
-            yk[i] = (float)c->k_codes[row * d + i] * c->k_scale[row];
-    else
+            yk[i] = (float)codes[i] * ks;
+    } else {
         i8a_k4_value(c, g, pos, yk);
+    }
     if (c->v_bits == 8) {
         int8_t vc[I8A_MAX_HEAD_DIM];
         i8a_v_get(c, g, pos, vc);
+        const float vs = *v_scale_of(c, g, pos);
         for (size_t i = 0; i < d; i++)
-            yv[i] = (float)vc[i] * c->v_scale[row];
+            yv[i] = (float)vc[i] * vs;
     } else {
         uint8_t vc[I8A_MAX_HEAD_DIM];
         i8a_v4_get(c, g, pos, vc);

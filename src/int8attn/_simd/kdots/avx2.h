@@ -64,15 +64,20 @@ static inline __m256i i8a_dot16x_avx2(__m256i acc, const int8_t *q, const int8_t
 /* Exact dots of every query head's planes with rows [0, n) of the chunk, four rows at a time:
  * dh[j * I8A_CHUNK + s], dl[...] (dl only with two planes). The k rows of a group stay in L1
  * while each head of the group passes over them. */
-static inline void i8a_kdots_avx2(const i8a_query *q, const i8a_span *kv, int32_t *dh, int32_t *dl)
+I8A_INLINE void i8a_kdots_rows_avx2(const i8a_query *q, const i8a_span *kv, int32_t *dh,
+                                    int32_t *dl, const int one_run)
 {
     const size_t d = q->d, n = kv->n;
     const int two = q->two_planes;
     size_t s = 0;
     for (; s + 4 <= n; s += 4) {
         if (s < kv->next_n) /* the next chunk's K, one group of rows per group */
-            i8a_prefetch_rows(kv->next_k + s * d, (kv->next_n - s < 4 ? kv->next_n - s : 4) * d);
-        const int8_t *k = kv->k + s * d;
+            i8a_prefetch_rows(i8a_next_krow_of(kv, s, d, one_run),
+                              (kv->next_n - s < 4 ? kv->next_n - s : 4) * d);
+        const int8_t *k0 = i8a_krow_of(kv, s, d, one_run);
+        const int8_t *k1 = i8a_krow_of(kv, s + 1, d, one_run);
+        const int8_t *k2 = i8a_krow_of(kv, s + 2, d, one_run);
+        const int8_t *k3 = i8a_krow_of(kv, s + 3, d, one_run);
         for (size_t j = 0; j < q->nq; j++) {
             const int8_t *qh = q->q_hi + j * d, *ql = q->q_lo + j * d;
             __m256i h0 = _mm256_setzero_si256(), h1 = h0, h2 = h0, h3 = h0;
@@ -80,28 +85,28 @@ static inline void i8a_kdots_avx2(const i8a_query *q, const i8a_span *kv, int32_
             size_t i = 0;
             for (; i + 32 <= d; i += 32) {
                 __m256i a = _mm256_loadu_si256((const __m256i *)(qh + i));
-                h0 = i8a_dot32_avx2(h0, a, _mm256_loadu_si256((const __m256i *)(k + i)));
-                h1 = i8a_dot32_avx2(h1, a, _mm256_loadu_si256((const __m256i *)(k + d + i)));
-                h2 = i8a_dot32_avx2(h2, a, _mm256_loadu_si256((const __m256i *)(k + 2 * d + i)));
-                h3 = i8a_dot32_avx2(h3, a, _mm256_loadu_si256((const __m256i *)(k + 3 * d + i)));
+                h0 = i8a_dot32_avx2(h0, a, _mm256_loadu_si256((const __m256i *)(k0 + i)));
+                h1 = i8a_dot32_avx2(h1, a, _mm256_loadu_si256((const __m256i *)(k1 + i)));
+                h2 = i8a_dot32_avx2(h2, a, _mm256_loadu_si256((const __m256i *)(k2 + i)));
+                h3 = i8a_dot32_avx2(h3, a, _mm256_loadu_si256((const __m256i *)(k3 + i)));
                 if (two) {
                     __m256i b = _mm256_loadu_si256((const __m256i *)(ql + i));
-                    l0 = i8a_dot32_avx2(l0, b, _mm256_loadu_si256((const __m256i *)(k + i)));
-                    l1 = i8a_dot32_avx2(l1, b, _mm256_loadu_si256((const __m256i *)(k + d + i)));
-                    l2 = i8a_dot32_avx2(l2, b, _mm256_loadu_si256((const __m256i *)(k + 2 * d + i)));
-                    l3 = i8a_dot32_avx2(l3, b, _mm256_loadu_si256((const __m256i *)(k + 3 * d + i)));
+                    l0 = i8a_dot32_avx2(l0, b, _mm256_loadu_si256((const __m256i *)(k0 + i)));
+                    l1 = i8a_dot32_avx2(l1, b, _mm256_loadu_si256((const __m256i *)(k1 + i)));
+                    l2 = i8a_dot32_avx2(l2, b, _mm256_loadu_si256((const __m256i *)(k2 + i)));
+                    l3 = i8a_dot32_avx2(l3, b, _mm256_loadu_si256((const __m256i *)(k3 + i)));
                 }
             }
             if (i < d) {
-                h0 = i8a_dot16x_avx2(h0, qh + i, k + i);
-                h1 = i8a_dot16x_avx2(h1, qh + i, k + d + i);
-                h2 = i8a_dot16x_avx2(h2, qh + i, k + 2 * d + i);
-                h3 = i8a_dot16x_avx2(h3, qh + i, k + 3 * d + i);
+                h0 = i8a_dot16x_avx2(h0, qh + i, k0 + i);
+                h1 = i8a_dot16x_avx2(h1, qh + i, k1 + i);
+                h2 = i8a_dot16x_avx2(h2, qh + i, k2 + i);
+                h3 = i8a_dot16x_avx2(h3, qh + i, k3 + i);
                 if (two) {
-                    l0 = i8a_dot16x_avx2(l0, ql + i, k + i);
-                    l1 = i8a_dot16x_avx2(l1, ql + i, k + d + i);
-                    l2 = i8a_dot16x_avx2(l2, ql + i, k + 2 * d + i);
-                    l3 = i8a_dot16x_avx2(l3, ql + i, k + 3 * d + i);
+                    l0 = i8a_dot16x_avx2(l0, ql + i, k0 + i);
+                    l1 = i8a_dot16x_avx2(l1, ql + i, k1 + i);
+                    l2 = i8a_dot16x_avx2(l2, ql + i, k2 + i);
+                    l3 = i8a_dot16x_avx2(l3, ql + i, k3 + i);
                 }
             }
             _mm_store_si128((__m128i *)(dh + j * I8A_CHUNK + s), i8a_reduce4_avx2(h0, h1, h2, h3));
@@ -111,8 +116,18 @@ static inline void i8a_kdots_avx2(const i8a_query *q, const i8a_span *kv, int32_
     }
     for (; s < n; s++)
         for (size_t j = 0; j < q->nq; j++)
-            i8a_dot2_avx2(q->q_hi + j * d, q->q_lo + j * d, kv->k + s * d, d, two,
+            i8a_dot2_avx2(q->q_hi + j * d, q->q_lo + j * d, i8a_krow_of(kv, s, d, one_run), d,
+                          two,
                           dh + j * I8A_CHUNK + s, dl + j * I8A_CHUNK + s);
+}
+
+/* i8a_kdots_rows_avx2 with the span's layout a constant (one run: a contiguous cache). */
+static inline void i8a_kdots_avx2(const i8a_query *q, const i8a_span *kv, int32_t *dh, int32_t *dl)
+{
+    if (i8a_one_run(kv))
+        i8a_kdots_rows_avx2(q, kv, dh, dl, 1);
+    else
+        i8a_kdots_rows_avx2(q, kv, dh, dl, 0);
 }
 
 /* p[s] = i8a_logit_capped(dh[s], dl[s], ...) for s < n, eight at a time; returns max_s p[s]. */

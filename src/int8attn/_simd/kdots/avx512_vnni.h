@@ -45,8 +45,8 @@ static inline __m128i i8a_reduce4x256_avx512_vnni(__m256i a0, __m256i a1, __m256
 /* Exact dots of every query head's planes with rows [0, n), four rows at a time (see
  * i8a_kdots_avx2): dh[j * I8A_CHUNK + s], dl[...]. 256-bit vpdpbusd: on cores that split
  * 512-bit operations it costs the same per byte, and its row sums reduce in half the steps. */
-static inline void i8a_kdots_avx512_vnni(const i8a_query *q, const i8a_span *kv, int32_t *dh,
-                                         int32_t *dl)
+I8A_INLINE void i8a_kdots_rows_avx512_vnni(const i8a_query *q, const i8a_span *kv, int32_t *dh,
+                                           int32_t *dl, const int one_run)
 {
     const size_t d = q->d, n = kv->n;
     const int two = q->two_planes;
@@ -58,11 +58,12 @@ static inline void i8a_kdots_avx512_vnni(const i8a_query *q, const i8a_span *kv,
         /* rows past n of the last group of four are never stored: computed on row n - 1 */
         for (size_t s = 0; s < n; s += 4) {
             if (j == 0 && s < kv->next_n) /* the next chunk's K, one group of rows per group */
-                i8a_prefetch_rows(kv->next_k + s * d, (kv->next_n - s < 4 ? kv->next_n - s : 4) * d);
-            const int8_t *k0 = kv->k + s * d;
-            const int8_t *k1 = kv->k + (s + 1 < n ? s + 1 : n - 1) * d;
-            const int8_t *k2 = kv->k + (s + 2 < n ? s + 2 : n - 1) * d;
-            const int8_t *k3 = kv->k + (s + 3 < n ? s + 3 : n - 1) * d;
+                i8a_prefetch_rows(i8a_next_krow_of(kv, s, d, one_run),
+                                  (kv->next_n - s < 4 ? kv->next_n - s : 4) * d);
+            const int8_t *k0 = i8a_krow_of(kv, s, d, one_run);
+            const int8_t *k1 = i8a_krow_of(kv, s + 1 < n ? s + 1 : n - 1, d, one_run);
+            const int8_t *k2 = i8a_krow_of(kv, s + 2 < n ? s + 2 : n - 1, d, one_run);
+            const int8_t *k3 = i8a_krow_of(kv, s + 3 < n ? s + 3 : n - 1, d, one_run);
             __m256i h0 = _mm256_setzero_si256(), h1 = h0, h2 = h0, h3 = h0;
             __m256i l0 = h0, l1 = h0, l2 = h0, l3 = h0;
             for (size_t i = 0; i < d; i += 32) {
@@ -90,6 +91,16 @@ static inline void i8a_kdots_avx512_vnni(const i8a_query *q, const i8a_span *kv,
                                 i8a_reduce4x256_avx512_vnni(l0, l1, l2, l3, cl));
         }
     }
+}
+
+/* i8a_kdots_rows_avx512_vnni with the span's layout a constant (one run: a contiguous cache). */
+static inline void i8a_kdots_avx512_vnni(const i8a_query *q, const i8a_span *kv, int32_t *dh,
+                                         int32_t *dl)
+{
+    if (i8a_one_run(kv))
+        i8a_kdots_rows_avx512_vnni(q, kv, dh, dl, 1);
+    else
+        i8a_kdots_rows_avx512_vnni(q, kv, dh, dl, 0);
 }
 
 /* p[s] = i8a_logit_capped(dh[s], dl[s], ...) for s < n, sixteen at a time; returns max_s p[s]. */

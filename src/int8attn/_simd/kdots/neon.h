@@ -36,23 +36,28 @@ I8A_INLINE void i8a_dot2_with_neon(i8a_dot16_neon_fn dot16, const int8_t *qh, co
 /* Exact dots of every query head's planes with rows [0, n) of the chunk, four rows at a time
  * (the rows of a group stay in L1 while each head passes over them), with the given 16-byte
  * dot step; prefetches the next chunk's K one group of rows per group. */
-I8A_INLINE void i8a_kdots_with_neon(i8a_dot16_neon_fn dot16, const i8a_query *q,
-                                    const i8a_span *kv, int32_t *dh, int32_t *dl)
+I8A_INLINE void i8a_kdots_rows_neon(i8a_dot16_neon_fn dot16, const i8a_query *q,
+                                    const i8a_span *kv, int32_t *dh, int32_t *dl,
+                                    const int one_run)
 {
     const size_t d = q->d, n = kv->n;
     const int two = q->two_planes;
     size_t s = 0;
     for (; s + 4 <= n; s += 4) {
         if (s < kv->next_n)
-            i8a_prefetch_rows(kv->next_k + s * d, (kv->next_n - s < 4 ? kv->next_n - s : 4) * d);
-        const int8_t *k = kv->k + s * d;
+            i8a_prefetch_rows(i8a_next_krow_of(kv, s, d, one_run),
+                              (kv->next_n - s < 4 ? kv->next_n - s : 4) * d);
+        const int8_t *r0 = i8a_krow_of(kv, s, d, one_run);
+        const int8_t *r1 = i8a_krow_of(kv, s + 1, d, one_run);
+        const int8_t *r2 = i8a_krow_of(kv, s + 2, d, one_run);
+        const int8_t *r3 = i8a_krow_of(kv, s + 3, d, one_run);
         for (size_t j = 0; j < q->nq; j++) {
             const int8_t *qh = q->q_hi + j * d, *ql = q->q_lo + j * d;
             int32x4_t h0 = vdupq_n_s32(0), h1 = h0, h2 = h0, h3 = h0;
             int32x4_t l0 = h0, l1 = h0, l2 = h0, l3 = h0;
             for (size_t i = 0; i < d; i += 16) {
-                int8x16_t k0 = vld1q_s8(k + i), k1 = vld1q_s8(k + d + i);
-                int8x16_t k2 = vld1q_s8(k + 2 * d + i), k3 = vld1q_s8(k + 3 * d + i);
+                int8x16_t k0 = vld1q_s8(r0 + i), k1 = vld1q_s8(r1 + i);
+                int8x16_t k2 = vld1q_s8(r2 + i), k3 = vld1q_s8(r3 + i);
                 int8x16_t a = vld1q_s8(qh + i);
                 h0 = dot16(h0, a, k0), h1 = dot16(h1, a, k1);
                 h2 = dot16(h2, a, k2), h3 = dot16(h3, a, k3);
@@ -70,8 +75,19 @@ I8A_INLINE void i8a_kdots_with_neon(i8a_dot16_neon_fn dot16, const i8a_query *q,
     }
     for (; s < n; s++)
         for (size_t j = 0; j < q->nq; j++)
-            i8a_dot2_with_neon(dot16, q->q_hi + j * d, q->q_lo + j * d, kv->k + s * d, d, two,
+            i8a_dot2_with_neon(dot16, q->q_hi + j * d, q->q_lo + j * d,
+                               i8a_krow_of(kv, s, d, one_run), d, two,
                                dh + j * I8A_CHUNK + s, dl + j * I8A_CHUNK + s);
+}
+
+/* i8a_kdots_rows_neon with the span's layout a constant (one run: a contiguous cache). */
+I8A_INLINE void i8a_kdots_with_neon(i8a_dot16_neon_fn dot16, const i8a_query *q,
+                                    const i8a_span *kv, int32_t *dh, int32_t *dl)
+{
+    if (i8a_one_run(kv))
+        i8a_kdots_rows_neon(dot16, q, kv, dh, dl, 1);
+    else
+        i8a_kdots_rows_neon(dot16, q, kv, dh, dl, 0);
 }
 
 /* p[s] = i8a_logit_capped(dh[s], dl[s], ...) for s < n, four at a time; returns max_s p[s]. */

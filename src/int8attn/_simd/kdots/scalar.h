@@ -32,7 +32,7 @@ static inline float i8a_logits8_scalar(const i8a_query *q, const i8a_span *kv, s
     const int8_t *qh = q->q_hi + j * d, *ql = q->q_lo + j * d;
     float m = 0.0f;
     for (size_t s = 0; s < kv->n; s++) {
-        const int8_t *kr = kv->k + s * d;
+        const int8_t *kr = i8a_krow(kv, s, d);
         int32_t dh = 0, dl = 0;
         for (size_t i = 0; i < d; i++) {
             dh += (int32_t)qh[i] * kr[i];

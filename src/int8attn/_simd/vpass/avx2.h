@@ -28,8 +28,8 @@ static inline __m256i i8a_vdot_avx2(__m256i acc, __m256i p, __m256i x)
 /* The integer V pass (planes/scalar.h) of NH heads over dims [i0, i0 + 8 nv), as the avx512_vnni
  * tier's, 8 dims a vector. NH and NV are constants at every call. */
 I8A_INLINE void
-i8a_vtiles_block_avx2(const uint8_t *const *planes, int nh, int nv, const int8_t *v,
-                      size_t tiles, size_t d, size_t i0, float *o, const int8_t *pf, size_t pf_n)
+i8a_vtiles_block_avx2(const uint8_t *const *planes, int nh, int nv, const i8a_span *kv,
+                      size_t tiles, size_t d, size_t i0, float *o, size_t pf_n)
 {
     __m256i acc[2][I8A_WPLANES][2];
 #pragma GCC unroll 8
@@ -39,20 +39,25 @@ i8a_vtiles_block_avx2(const uint8_t *const *planes, int nh, int nv, const int8_t
 #pragma GCC unroll 8
             for (int b = 0; b < nv; b++)
                 acc[h][k][b] = _mm256_setzero_si256();
-    for (size_t t = 0; t < tiles; t++) {
-        if (I8A_V_TILE * t < pf_n)
-            i8a_prefetch_rows(pf + I8A_V_TILE * t * d, I8A_V_TILE * d);
-        const int8_t *x = v + (t * d + i0) * I8A_V_TILE;
+    for (size_t t0 = 0; t0 < tiles;) {            /* runs of tiles in one block (i8a_vrun) */
+        const int8_t *run;
+        const size_t end = t0 + i8a_vrun(kv, t0, tiles, d, &run);
+        for (size_t t = t0; t < end; t++) {
+            if (I8A_V_TILE * t < pf_n)
+                i8a_prefetch_rows(i8a_next_vrow(kv, I8A_V_TILE * t, d), I8A_V_TILE * d);
+            const int8_t *x = run + ((t - t0) * d + i0) * I8A_V_TILE;
 #pragma GCC unroll 8
-        for (int b = 0; b < nv; b++) {
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 32 * b));
+            for (int b = 0; b < nv; b++) {
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 32 * b));
 #pragma GCC unroll 8
-            for (int h = 0; h < nh; h++)
+                for (int h = 0; h < nh; h++)
 #pragma GCC unroll 8
-                for (int k = 0; k < I8A_WPLANES; k++)
-                    acc[h][k][b] = i8a_vdot_avx2(
-                        acc[h][k][b], i8a_pword_avx2(planes[h] + k * I8A_PLANE_BYTES, t), xv);
+                    for (int k = 0; k < I8A_WPLANES; k++)
+                        acc[h][k][b] = i8a_vdot_avx2(
+                            acc[h][k][b], i8a_pword_avx2(planes[h] + k * I8A_PLANE_BYTES, t), xv);
+            }
         }
+        t0 = end;
     }
 #pragma GCC unroll 8
     for (int h = 0; h < nh; h++) {
@@ -80,7 +85,7 @@ I8A_INLINE void i8a_vtiles_group_avx2(float *scratch, size_t nq, size_t j, int n
     const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n);
     const int nv = nh == 1 ? 2 : 1;
     for (size_t i = 0; i < d; i += 8 * (size_t)nv, pf_n = 0)
-        i8a_vtiles_block_avx2(planes, nh, nv, kv->v, tiles, d, i, o + j * d, kv->next_v, pf_n);
+        i8a_vtiles_block_avx2(planes, nh, nv, kv, tiles, d, i, o + j * d, pf_n);
 }
 
 #endif

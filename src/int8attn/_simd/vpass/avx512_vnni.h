@@ -19,11 +19,10 @@ static inline __m512i i8a_pword_avx512_vnni(const uint8_t *plane, size_t t)
 /* The integer V pass (planes/scalar.h) of NH heads over dims [i0, i0 + 16 nb): per tile, one
  * vpdpbusd per plane, head and 16 dims (P bytes unsigned, V codes signed: each lane sums the
  * tile's 4 positions of one dimension), then o from the three sums. The first block prefetches
- * pf_n rows of pf (the next chunk's V). NH and NB are constants at every call. */
+ * pf_n rows of the next span's V. NH and NB are constants at every call. */
 I8A_INLINE void
-i8a_vtiles_block_avx512_vnni(const uint8_t *const *planes, int nh, int nb, const int8_t *v,
-                             size_t tiles, size_t d, size_t i0, float *o, const int8_t *pf,
-                             size_t pf_n)
+i8a_vtiles_block_avx512_vnni(const uint8_t *const *planes, int nh, int nb, const i8a_span *kv,
+                             size_t tiles, size_t d, size_t i0, float *o, size_t pf_n)
 {
     __m512i acc[4][I8A_WPLANES][8];
 #pragma GCC unroll 8
@@ -33,22 +32,27 @@ i8a_vtiles_block_avx512_vnni(const uint8_t *const *planes, int nh, int nb, const
 #pragma GCC unroll 8
             for (int b = 0; b < nb; b++)
                 acc[h][k][b] = _mm512_setzero_si512();
-    for (size_t t = 0; t < tiles; t++) {
-        if (I8A_V_TILE * t < pf_n)
-            i8a_prefetch_rows(pf + I8A_V_TILE * t * d, I8A_V_TILE * d);
-        const int8_t *x = v + (t * d + i0) * I8A_V_TILE;
-        /* one plane word at a time in a register, V as the memory operand (VNNI's signed
-         * one): 3 NH NB accumulators and one broadcast live */
+    for (size_t t0 = 0; t0 < tiles;) {            /* runs of tiles in one block (i8a_vrun) */
+        const int8_t *run;
+        const size_t end = t0 + i8a_vrun(kv, t0, tiles, d, &run);
+        for (size_t t = t0; t < end; t++) {
+            if (I8A_V_TILE * t < pf_n)
+                i8a_prefetch_rows(i8a_next_vrow(kv, I8A_V_TILE * t, d), I8A_V_TILE * d);
+            const int8_t *x = run + ((t - t0) * d + i0) * I8A_V_TILE;
+            /* one plane word at a time in a register, V as the memory operand (VNNI's signed
+             * one): 3 NH NB accumulators and one broadcast live */
 #pragma GCC unroll 8
-        for (int h = 0; h < nh; h++)
+            for (int h = 0; h < nh; h++)
 #pragma GCC unroll 8
-            for (int k = 0; k < I8A_WPLANES; k++) {
-                const __m512i pw = i8a_pword_avx512_vnni(planes[h] + k * I8A_PLANE_BYTES, t);
+                for (int k = 0; k < I8A_WPLANES; k++) {
+                    const __m512i pw = i8a_pword_avx512_vnni(planes[h] + k * I8A_PLANE_BYTES, t);
 #pragma GCC unroll 8
-                for (int b = 0; b < nb; b++)
-                    acc[h][k][b] = _mm512_dpbusd_epi32(
-                        acc[h][k][b], pw, _mm512_loadu_si512((const void *)(x + 64 * b)));
-            }
+                    for (int b = 0; b < nb; b++)
+                        acc[h][k][b] = _mm512_dpbusd_epi32(
+                            acc[h][k][b], pw, _mm512_loadu_si512((const void *)(x + 64 * b)));
+                }
+        }
+        t0 = end;
     }
 #pragma GCC unroll 8
     for (int h = 0; h < nh; h++) {
@@ -77,9 +81,9 @@ I8A_INLINE void i8a_vtiles_group_avx512_vnni(float *scratch, size_t nq, size_t j
     const int nb = nh == 1 ? 4 : nh == 2 ? 2 : 1;
     size_t i = 0;
     for (; i + 16 * (size_t)nb <= d; i += 16 * (size_t)nb, pf_n = 0)
-        i8a_vtiles_block_avx512_vnni(planes, nh, nb, kv->v, tiles, d, i, o + j * d, kv->next_v, pf_n);
+        i8a_vtiles_block_avx512_vnni(planes, nh, nb, kv, tiles, d, i, o + j * d, pf_n);
     for (; i < d; i += 16, pf_n = 0)
-        i8a_vtiles_block_avx512_vnni(planes, nh, 1, kv->v, tiles, d, i, o + j * d, kv->next_v, pf_n);
+        i8a_vtiles_block_avx512_vnni(planes, nh, 1, kv, tiles, d, i, o + j * d, pf_n);
 }
 
 #endif

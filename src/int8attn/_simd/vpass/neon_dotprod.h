@@ -25,10 +25,10 @@ I8A_INLINE int32x4_t i8a_sdot_lane_neon_dotprod(int32x4_t acc, int8x16_t x, int8
  * bytes of the four in one register (16 bytes: the planes are zero up to a multiple of 16),
  * SDOT by element picking tile r's word; tiles past the last multiple of four one at a time
  * with the word repeated (ld1r). Then o from the three sums. The first block prefetches pf_n
- * rows of pf (the next chunk's V). NH and NU are constants at every call. */
+ * rows of the next span's V. NH and NU are constants at every call. */
 I8A_INLINE void
-i8a_vtiles_block_neon_dotprod(const uint8_t *const *planes, int nh, int nu, const int8_t *v,
-                              size_t tiles, size_t d, size_t i0, float *o, const int8_t *pf,
+i8a_vtiles_block_neon_dotprod(const uint8_t *const *planes, int nh, int nu, const i8a_span *kv,
+                              size_t tiles, size_t d, size_t i0, float *o,
                               size_t pf_n)
 {
     int32x4_t acc[4][I8A_WPLANES][8];
@@ -39,42 +39,47 @@ i8a_vtiles_block_neon_dotprod(const uint8_t *const *planes, int nh, int nu, cons
 #pragma GCC unroll 8
             for (int u = 0; u < nu; u++)
                 acc[h][k][u] = vdupq_n_s32(0);
-    size_t t = 0;
-    for (; t + 4 <= tiles; t += 4) {
-        if (I8A_V_TILE * t < pf_n)
-            i8a_prefetch_rows(pf + I8A_V_TILE * t * d, 4 * I8A_V_TILE * d);
-        int8x16_t pw[4][I8A_WPLANES];
+    for (size_t t0 = 0; t0 < tiles;) {            /* runs of tiles in one block (i8a_vrun) */
+        const int8_t *run;
+        const size_t end = t0 + i8a_vrun(kv, t0, tiles, d, &run);
+        size_t t = t0;
+        for (; t + 4 <= end; t += 4) {
+            if (I8A_V_TILE * t < pf_n)
+                i8a_prefetch_rows(i8a_next_vrow(kv, I8A_V_TILE * t, d), 4 * I8A_V_TILE * d);
+            int8x16_t pw[4][I8A_WPLANES];
 #pragma GCC unroll 8
-        for (int h = 0; h < nh; h++)
+            for (int h = 0; h < nh; h++)
 #pragma GCC unroll 8
-            for (int k = 0; k < I8A_WPLANES; k++)
-                pw[h][k] = vreinterpretq_s8_u8(vld1q_u8(planes[h] + k * I8A_PLANE_BYTES + I8A_V_TILE * t));
+                for (int k = 0; k < I8A_WPLANES; k++)
+                    pw[h][k] = vreinterpretq_s8_u8(vld1q_u8(planes[h] + k * I8A_PLANE_BYTES + I8A_V_TILE * t));
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
-            const int8_t *x = v + ((t + (size_t)r) * d + i0) * I8A_V_TILE;
+            for (int r = 0; r < 4; r++) {
+                const int8_t *x = run + ((t - t0 + (size_t)r) * d + i0) * I8A_V_TILE;
 #pragma GCC unroll 8
-            for (int u = 0; u < nu; u++) {
-                const int8x16_t xv = vld1q_s8(x + 16 * u);
+                for (int u = 0; u < nu; u++) {
+                    const int8x16_t xv = vld1q_s8(x + 16 * u);
 #pragma GCC unroll 8
-                for (int h = 0; h < nh; h++)
+                    for (int h = 0; h < nh; h++)
 #pragma GCC unroll 8
-                    for (int k = 0; k < I8A_WPLANES; k++)
-                        acc[h][k][u] = i8a_sdot_lane_neon_dotprod(acc[h][k][u], xv, pw[h][k], r);
+                        for (int k = 0; k < I8A_WPLANES; k++)
+                            acc[h][k][u] = i8a_sdot_lane_neon_dotprod(acc[h][k][u], xv, pw[h][k], r);
+                }
             }
         }
-    }
-    for (; t < tiles; t++) {
-        const int8_t *x = v + (t * d + i0) * I8A_V_TILE;
+        for (; t < end; t++) {
+            const int8_t *x = run + ((t - t0) * d + i0) * I8A_V_TILE;
 #pragma GCC unroll 8
-        for (int h = 0; h < nh; h++)
+            for (int h = 0; h < nh; h++)
 #pragma GCC unroll 8
-            for (int k = 0; k < I8A_WPLANES; k++) {
-                const uint8_t *pw = planes[h] + k * I8A_PLANE_BYTES + I8A_V_TILE * t;
-                const int8x16_t w = vreinterpretq_s8_u32(vld1q_dup_u32((const uint32_t *)pw));
+                for (int k = 0; k < I8A_WPLANES; k++) {
+                    const uint8_t *pw = planes[h] + k * I8A_PLANE_BYTES + I8A_V_TILE * t;
+                    const int8x16_t w = vreinterpretq_s8_u32(vld1q_dup_u32((const uint32_t *)pw));
 #pragma GCC unroll 8
-                for (int u = 0; u < nu; u++)
-                    acc[h][k][u] = vdotq_s32(acc[h][k][u], vld1q_s8(x + 16 * u), w);
-            }
+                    for (int u = 0; u < nu; u++)
+                        acc[h][k][u] = vdotq_s32(acc[h][k][u], vld1q_s8(x + 16 * u), w);
+                }
+        }
+        t0 = end;
     }
 #pragma GCC unroll 8
     for (int h = 0; h < nh; h++) {
@@ -103,9 +108,9 @@ I8A_INLINE void i8a_vtiles_group_neon_dotprod(float *scratch, size_t nq, size_t 
     const int nu = nh == 1 ? 8 : nh == 2 ? 2 : nh == 3 ? 2 : 1;
     size_t i = 0;
     for (; i + 4 * (size_t)nu <= d; i += 4 * (size_t)nu, pf_n = 0)
-        i8a_vtiles_block_neon_dotprod(planes, nh, nu, kv->v, tiles, d, i, o + j * d, kv->next_v, pf_n);
+        i8a_vtiles_block_neon_dotprod(planes, nh, nu, kv, tiles, d, i, o + j * d, pf_n);
     for (; i < d; i += 4, pf_n = 0)
-        i8a_vtiles_block_neon_dotprod(planes, nh, 1, kv->v, tiles, d, i, o + j * d, kv->next_v, pf_n);
+        i8a_vtiles_block_neon_dotprod(planes, nh, 1, kv, tiles, d, i, o + j * d, pf_n);
 }
 
 /* The neon_dotprod tier's V pass over the nq heads of a chunk: groups of four heads, then the

@@ -36,7 +36,7 @@ static inline void i8a_vpass8_scalar(float *scratch, size_t nq, const i8a_span *
         for (size_t i = 0; i < d; i++) {
             int32_t S[I8A_WPLANES] = {0};
             for (size_t t = 0; t < tiles; t++) {
-                const int8_t *x = kv->v + (t * d + i) * I8A_V_TILE;
+                const int8_t *x = i8a_vtile(kv, t, d) + i * I8A_V_TILE;
                 for (size_t r = 0; r < I8A_V_TILE; r++)
                     for (int k = 0; k < I8A_WPLANES; k++)
                         S[k] += (int32_t)slot[k * I8A_PLANE_BYTES + t * I8A_V_TILE + r] * x[r];

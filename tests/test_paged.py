@@ -1,0 +1,283 @@
+"""PagedKVCache: one layer's rows of many sequences in shuffled blocks, written by slot and
+attended in one varlen call. Each sequence must give the bits the same rows give in a
+contiguous cache of the same format (FORMATS["rotated"]), on every tier and thread count, and
+stay within the contract of float attention over what it dequantizes to."""
+
+import numpy as np
+import pytest
+
+import int8attn as ia
+from int8attn import reference as R
+
+from conftest import CONTRACT, EMULATED, assert_tiers_and_threads_agree, rel_err
+
+ROTATED = ia.FORMATS["rotated"]
+
+
+def slots_of(table_row, n, bs, start=0):
+    """The slots of positions start .. n - 1 of a sequence whose blocks are table_row."""
+    pos = np.arange(start, n)
+    return np.asarray(table_row, np.int64)[pos // bs] * bs + pos % bs
+
+
+class Batch:
+    """Sequences of the given lengths in a pool (blocks shuffled among spare ones; with
+    `share`, sequence 1 starts with sequence 0's full blocks, as prefix caching shares them),
+    each also in a contiguous rotated cache, with t[b] queries each."""
+
+    def __init__(self, rng, hkv, d, bs, lens, t, h, share=False, seed=0):
+        self.lens, self.t, self.h, self.bs = list(lens), list(t), h, bs
+        need = [-(-n // bs) for n in lens]
+        spare = 3
+        self.pool = ia.PagedKVCache(hkv, d, bs, sum(need) + spare, rotation_seed=seed)
+        free = list(rng.permutation(sum(need) + spare))
+        width = max(need) + 2
+        self.table = np.full((len(lens), width), -1, np.int32)      # unread entries: -1
+        self.k, self.v = [], []
+        for b, n in enumerate(lens):
+            k = rng.standard_normal((n, hkv, d)).astype(np.float32) + 0.5
+            v = rng.standard_normal((n, hkv, d)).astype(np.float32)
+            shared = min(lens[0], n) // bs if share and b == 1 else 0
+            if shared:
+                k[:shared * bs], v[:shared * bs] = self.k[0][:shared * bs], self.v[0][:shared * bs]
+            for j in range(need[b]):
+                self.table[b, j] = self.table[0, j] if j < shared else free.pop()
+            self.pool.write(slots_of(self.table[b], n, bs, shared * bs), k[shared * bs:],
+                            v[shared * bs:])
+            self.k.append(k), self.v.append(v)
+        self.starts = np.concatenate([[0], np.cumsum(t)]).astype(np.int32)
+        self.q = (rng.standard_normal((int(self.starts[-1]), h, d)) * 2).astype(np.float32)
+        self.seed = seed
+
+    def attend(self, **options):
+        return self.pool.attend(self.q, self.starts, np.array(self.lens), self.table, **options)
+
+    def contiguous(self, b, **options):
+        """Sequence b's queries decoded by a contiguous cache holding its rows."""
+        n = self.lens[b]
+        cache = ia.KVCache(self.pool.n_kv_heads, n, self.pool.head_dim,
+                           rotation_seed=self.seed, **ROTATED)
+        cache.append(self.k[b], self.v[b])
+        return cache.decode(self.q[self.starts[b]:self.starts[b + 1]], **options), cache
+
+
+CASES = [
+    # hkv, d, block size, lengths, queries each, query heads, options
+    (8, 128, 16, (300, 517, 1), (1, 1, 1), 8, {}),
+    (2, 64, 32, (613, 613, 258), (1, 40, 258), 6, dict(window=100, sinks=4, softcap=30.0)),
+    (1, 256, 64, (700, 900, 33), (5, 1, 17), 4, dict(window=512)),
+    (2, 96, 128, (257, 1100, 77), (1, 300, 0), 16, dict(q_bits=8)),
+    (1, 32, 256, (45, 300, 512, 16), (3, 300, 1, 16), 7, dict(softcap=5.0, scale=0.3)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"hkv{c[0]}-d{c[1]}-bs{c[2]}")
+def test_each_sequence_has_the_bits_of_a_contiguous_cache(tier, case):
+    hkv, d, bs, lens, t, h, options = case
+    rng = np.random.default_rng(bs + d)
+    batch = Batch(rng, hkv, d, bs, lens, t, h, share=True)
+    out = batch.attend(**options)
+    for b in range(len(lens)):
+        if t[b] == 0:
+            continue
+        ref, cache = batch.contiguous(b, **options)
+        got = out[batch.starts[b]:batch.starts[b + 1]]
+        np.testing.assert_array_equal(got.reshape(ref.shape).view(np.int32), ref.view(np.int32),
+                                      err_msg=f"sequence {b}")
+        k, v = batch.pool.dequantize(batch.table[b], lens[b])
+        kc, vc = cache.dequantize()
+        np.testing.assert_array_equal(k.view(np.int32), kc.view(np.int32))
+        np.testing.assert_array_equal(v.view(np.int32), vc.view(np.int32))
+
+
+@pytest.mark.parametrize("bs", [16, 64, 128])
+def test_attend_meets_the_contract_against_float_attention(tier, bs):
+    rng = np.random.default_rng(bs)
+    hkv, d, h = 2, 128, 8
+    batch = Batch(rng, hkv, d, bs, (200, 333, 517), (1, 7, 20), h)
+    options = dict(window=300, sinks=2, softcap=20.0)
+    out = batch.attend(**options)
+    for b, n in enumerate(batch.lens):
+        k, v = batch.pool.dequantize(batch.table[b], n)
+        q = batch.q[batch.starts[b]:batch.starts[b + 1]]
+        ref = R.attention(q, k, v, **options)
+        got = out[batch.starts[b]:batch.starts[b + 1]]
+        assert rel_err(got.reshape(-1, d), ref.reshape(-1, d)) < CONTRACT
+
+
+def test_dequantize_is_the_reference_quantizer_of_the_rotated_rows():
+    rng = np.random.default_rng(5)
+    batch = Batch(rng, 2, 64, 16, (77,), (1,), 2, seed=11)
+    k, v = batch.pool.dequantize(batch.table[0], 77)
+    signs = R.rotation_signs(64, 11)
+    for got, rows in ((k, batch.k[0]), (v, batch.v[0])):
+        codes, scale = R.quantize_rows(R.rotate(rows, signs))
+        want = R.rotate(codes * scale[..., None], signs, inverse=True)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(rows).max())
+
+
+def test_tiers_and_thread_counts_agree():
+    rng = np.random.default_rng(3)
+    batch = Batch(rng, 4, 64, 32, (1000, 1300, 600), (1, 100, 3), 16, share=True)
+
+    assert_tiers_and_threads_agree(lambda: batch.attend(window=700, sinks=3), "attend")
+
+
+def test_a_shared_block_is_read_by_every_sequence_that_names_it():
+    rng = np.random.default_rng(9)
+    pool = ia.PagedKVCache(2, 32, 16, 8)
+    k, v = rng.standard_normal((2, 40, 2, 32)).astype(np.float32)
+    prefix = np.array([5, 2], np.int32)                  # 32 positions, both sequences
+    table = np.array([[5, 2, 7], [5, 2, 0]], np.int32)
+    pool.write(slots_of(table[0], 40, 16), k, v)
+    pool.write(slots_of(table[1], 40, 16, 32), k[32:] * 2, v[32:])   # its own third block
+    q = rng.standard_normal((2, 4, 32)).astype(np.float32)
+    out = pool.attend(q, [0, 1, 2], [40, 40], table)
+    for b, scale_k in ((0, 1.0), (1, 2.0)):
+        kk = k.copy()
+        kk[32:] *= scale_k
+        cache = ia.KVCache(2, 40, 32, **ROTATED)
+        cache.append(kk, v)
+        np.testing.assert_array_equal(out[b], cache.decode(q[b]))
+    np.testing.assert_array_equal(pool.dequantize(prefix, 32)[0],
+                                  pool.dequantize(table[1], 40)[0][:32])
+
+
+def test_negative_slots_are_skipped_and_a_bad_row_writes_nothing():
+    rng = np.random.default_rng(1)
+    pool = ia.PagedKVCache(2, 32, 16, 4)
+    k, v = rng.standard_normal((2, 5, 2, 32)).astype(np.float32)
+    pool.write([3, -1, 20, -1, 63], k, v)
+    before = pool.buffer.copy()
+    k[2, 1, 7] = np.nan                          # a row that is written
+    with pytest.raises(ValueError, match=r"k holds NaN.*row 2, kv head 1.*nothing was written"):
+        pool.write([0, 1, 2, 3, 4], k, v)
+    np.testing.assert_array_equal(pool.buffer, before)
+    k[2, 1, 7] = 0.0
+    v[1] = np.inf                                # a skipped row may hold anything
+    pool.write([0, -1, 2, 3, 4], k, v)
+    assert not np.array_equal(pool.buffer, before)
+
+
+def test_a_given_buffer_is_the_pools_memory():
+    rng = np.random.default_rng(2)
+    bb = ia.PagedKVCache.bytes_per_block(2, 64, 32)
+    assert bb == 2 * 32 * (2 * 64 + 8)
+    raw = np.zeros(6 * bb + 64, np.uint8)
+    at = -raw.ctypes.data % 64
+    mem = raw[at:at + 6 * bb]
+    a = ia.PagedKVCache(2, 64, 32, 6, buffer=mem)
+    k, v = rng.standard_normal((2, 40, 2, 64)).astype(np.float32)
+    table = np.array([[4, 1]], np.int32)
+    a.write(slots_of(table[0], 40, 32), k, v)
+    assert np.any(mem != 0) and a.buffer.base is not None
+    b = ia.PagedKVCache(2, 64, 32, 6, buffer=mem)     # another pool over the same bytes
+    q = rng.standard_normal((1, 2, 64)).astype(np.float32)
+    np.testing.assert_array_equal(a.attend(q, [0, 1], [40], table),
+                                  b.attend(q, [0, 1], [40], table))
+    with pytest.raises(ValueError, match="multiple of 64"):
+        ia.PagedKVCache(2, 64, 32, 6, buffer=raw[at + 1:at + 1 + 6 * bb])
+    with pytest.raises(ValueError, match=rf"num_blocks \* block_bytes = 5 \* {bb}"):
+        ia.PagedKVCache(2, 64, 32, 5, buffer=mem)
+    with pytest.raises(TypeError, match="dtype uint8 or int8"):
+        ia.PagedKVCache(2, 64, 32, 6, buffer=mem.view(np.float32))
+
+
+def test_a_torch_buffer_and_torch_arguments():
+    torch = pytest.importorskip("torch")
+    bb = ia.PagedKVCache.bytes_per_block(1, 32, 16)
+    mem = torch.zeros(3 * bb, dtype=torch.uint8)
+    pool = ia.PagedKVCache(1, 32, 16, 3, buffer=mem)
+    k = torch.randn(20, 1, 32, dtype=torch.bfloat16)
+    pool.write(torch.arange(20, dtype=torch.int64) + 16, k, k)
+    assert int(mem.count_nonzero()) > 0
+    q = torch.randn(2, 2, 32)
+    out = pool.attend(q, torch.tensor([0, 2], dtype=torch.int32), torch.tensor([20]),
+                      torch.tensor([[1, 2]], dtype=torch.int32))
+    assert isinstance(out, torch.Tensor) and out.shape == (2, 2, 32)
+
+
+BAD = [
+    (dict(q=np.zeros((1, 3, 32), np.float32)), ValueError, "not a multiple of n_kv_heads=2"),
+    (dict(q=np.zeros((1, 2, 16), np.float32)), ValueError, r"q must have shape \[Nq, H, D\] with D=32"),
+    (dict(query_start=[0, 1]), ValueError, "query_start must have B \\+ 1 = 3 entries"),
+    (dict(query_start=[0, 3, 2]), ValueError, r"query_start must never decrease; query_start\[2\] = 2"),
+    (dict(query_start=[0, 1, 3]), ValueError, "query_start must start at 0 and end at Nq=2"),
+    (dict(query_start=[0.0, 1.0, 2.0]), TypeError, "query_start must hold integers"),
+    (dict(seq_lens=[20, 0]), ValueError, r"seq_lens\[1\] is 0, fewer than the request's 1"),
+    (dict(seq_lens=[20, 50]), ValueError, r"seq_lens\[1\] = 50 needs 4 blocks of 16, but "
+                                          r"block_table has 3 columns"),
+    (dict(block_table=[[0, 1, 2], [3, 9, 0]]), ValueError,
+     r"block_table\[1, 1\] is 9, not a block of the pool \(0 .. 7\)"),
+    (dict(block_table=[[0, 1, 2]]), ValueError, "block_table must have B=2 rows"),
+    (dict(options=dict(window=0)), ValueError, "window must be positive"),
+    (dict(options=dict(sinks=2)), ValueError, "sinks=2 needs a window"),
+    (dict(options=dict(softcap=-1.0)), ValueError, "softcap"),
+    (dict(options=dict(q_bits=4)), ValueError, "q_bits must be 16 or 8"),
+    (dict(options=dict(out=np.zeros((2, 2, 16), np.float32))), ValueError, "out must have shape"),
+]
+
+
+@pytest.mark.parametrize("bad", BAD, ids=lambda b: b[2][:40])
+def test_bad_attend_arguments_are_named(bad):
+    change, kind, message = bad
+    rng = np.random.default_rng(0)
+    pool = ia.PagedKVCache(2, 32, 16, 8)
+    k, v = rng.standard_normal((2, 40, 2, 32)).astype(np.float32)
+    pool.write(np.arange(40) + 16, k, v)
+    before = pool.buffer.copy()
+    args = dict(q=rng.standard_normal((2, 2, 32)).astype(np.float32), query_start=[0, 1, 2],
+                seq_lens=[20, 40], block_table=[[1, 2, 3], [1, 2, 3]])
+    args.update({key: val for key, val in change.items() if key != "options"})
+    with pytest.raises(kind, match=message):
+        pool.attend(**args, **change.get("options", {}))
+    np.testing.assert_array_equal(pool.buffer, before)
+
+
+def test_bad_write_and_constructor_arguments_are_named():
+    pool = ia.PagedKVCache(2, 32, 16, 4)
+    rows = np.zeros((3, 2, 32), np.float32)
+    with pytest.raises(ValueError, match=r"slots\[1\] is 64, beyond the pool's num_blocks \* "
+                                         r"block_size = 64 slots"):
+        pool.write([0, 64, 1], rows, rows)
+    with pytest.raises(ValueError, match=r"k must have shape \[N, Hkv, D\] with N=2"):
+        pool.write([0, 1], rows, rows)
+    with pytest.raises(ValueError, match="block_size must be one of 16, 32, 64, 128, 256, got 48"):
+        ia.PagedKVCache(2, 32, 48, 4)
+    with pytest.raises(ValueError, match="head_dim must be a multiple of 16"):
+        ia.PagedKVCache(2, 40, 16, 4)
+    with pytest.raises(ValueError, match="num_blocks must be positive"):
+        ia.PagedKVCache(2, 32, 16, 0)
+    with pytest.raises(TypeError, match="PagedKVCache()"):
+        ia.PagedKVCache(2, 32, 16)
+    with pytest.raises(ValueError, match=r"blocks\[1\] is 4, not a block"):
+        pool.dequantize([0, 4], 20)
+
+
+def test_a_pool_serves_one_call_at_a_time():
+    pool = ia.PagedKVCache(1, 16, 16, 2)
+    pool._enter()
+    try:
+        with pytest.raises(RuntimeError, match="in use by another thread"):
+            pool.write([0], np.zeros((1, 1, 16)), np.zeros((1, 1, 16)))
+    finally:
+        pool._leave()
+
+
+def test_requests_without_queries_are_skipped():
+    rng = np.random.default_rng(4)
+    batch = Batch(rng, 1, 32, 16, (50, 60, 70), (0, 2, 0), 2)
+    out = batch.attend()
+    ref, _ = batch.contiguous(1)
+    np.testing.assert_array_equal(out, ref)
+    empty = batch.pool.attend(np.zeros((0, 2, 32), np.float32), [0, 0], [10], [[0]])
+    assert empty.shape == (0, 2, 32)
+
+
+@pytest.mark.skipif(EMULATED, reason="the long prefill is left to the native lanes")
+def test_a_long_prefill_chunk_over_a_long_history(tier):
+    rng = np.random.default_rng(6)
+    batch = Batch(rng, 2, 64, 128, (3000,), (1024,), 4)
+    out = batch.attend(window=1500)
+    ref, _ = batch.contiguous(0, window=1500)
+    np.testing.assert_array_equal(out, ref)
