@@ -469,8 +469,8 @@ def paged_write(slots, k, v, hkv, d, num_slots):
 
 def paged_attend(q, query_start, seq_lens, block_table, hkv, d):
     """attend()'s arrays converted (their values are checked by the compiled pool, under its
-    lock): (q aligned C-contiguous float32 [Nq, H, D], query_start and seq_lens int64 [.],
-    block_table int32 [., .] C-contiguous)."""
+    lock): (q aligned C-contiguous float32 [Nq, H, D], query_start [.], seq_lens [.] and
+    block_table [., .] int32 C-contiguous: a serving engine's own arrays need no copy)."""
     qa = as_float32(q, "q")
     if qa.ndim != 3 or qa.shape[2] != d or qa.shape[1] == 0:
         raise ValueError(f"q must have shape [Nq, H, D] with D={d}, H >= 1; got "
@@ -479,5 +479,5 @@ def paged_attend(q, query_start, seq_lens, block_table, hkv, d):
         raise ValueError(f"q has H={qa.shape[1]} query heads, not a multiple of "
                          f"n_kv_heads={hkv}")
     table = _int_array(block_table, "block_table", 2, np.int32)
-    return (c_aligned(qa), _int_array(query_start, "query_start", 1),
-            _int_array(seq_lens, "seq_lens", 1), table)
+    return (c_aligned(qa), _int_array(query_start, "query_start", 1, np.int32),
+            _int_array(seq_lens, "seq_lens", 1, np.int32), table)

@@ -462,8 +462,8 @@ cdef class _Paged:
     def _attend(self, qa, out, starts, lens, table, float scale, int q_bits, size_t window,
                 size_t sinks, float softcap):
         """One i8a_paged_attend of the batch attend() describes: qa, out [Nq, H, D] float32
-        (aligned, C-contiguous, H a multiple of Hkv), starts [B + 1] and lens [B] int64, table
-        [B, max_blocks] int32 C-contiguous; the options checked (_args.decode_options). The
+        (aligned, C-contiguous, H a multiple of Hkv), starts [B + 1], lens [B] and table [B,
+        max_blocks] int32, C-contiguous; the options checked (_args.decode_options). The
         batch is checked here, under the busy flag, as it is read (ValueError naming the first
         entry that does not fit); the sequences without queries are left out. Returns 0, or the
         engine's status and its bad row."""
@@ -473,8 +473,8 @@ cdef class _Paged:
                 and qa.shape[1] % self._p.n_kv_heads == 0 and out.shape == qa.shape
                 and scale > 0 and q_bits in (8, 16) and (sinks == 0 or sinks <= window)):
             raise ValueError("_attend: q, out or the options do not fit the pool (see attend)")
-        cdef const int64_t[::1] smv = starts
-        cdef const int64_t[::1] lmv = lens
+        cdef const int32_t[::1] smv = starts
+        cdef const int32_t[::1] lmv = lens
         cdef const int32_t[:, ::1] tmv = table
         cdef size_t nb = lmv.shape[0], width = tmv.shape[1], h = qa.shape[1], bad = 0
         cdef size_t rows = self._p.block_rows, blocks = self._p.blocks, ns = 0, b, j, need
@@ -491,7 +491,7 @@ cdef class _Paged:
         seqs = np.empty((nb + (nb == 0)) * sizeof(i8a_paged_seq), np.uint8)
         cdef i8a_paged_seq *sp = <i8a_paged_seq *>_ptr(seqs)
         for b in range(nb):
-            t = smv[b + 1] - smv[b]
+            t = <int64_t>smv[b + 1] - smv[b]
             if t < 0:
                 raise ValueError(f"query_start must never decrease; query_start[{b + 1}] = "
                                  f"{smv[b + 1]} < query_start[{b}] = {smv[b]}")
