@@ -207,7 +207,7 @@ class Int8AttnImpl(AttentionImpl[Int8AttnMetadata]):
         attn_metadata.num_actual_tokens rows are the batch's queries."""
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("int8attn: fused output quantization is not supported")
-        if attn_metadata is None:            # vLLM's warm-up and profiling runs
+        if attn_metadata is None or kv_cache.numel() == 0:      # warm-up and profiling runs
             return output
         m = attn_metadata
         n = m.num_actual_tokens

@@ -111,6 +111,16 @@ def test_most_tokens_agree(models):
     assert agreed >= 0.75 * total, (agreed, total)
 
 
+def test_a_bfloat16_model_runs_on_the_plugin(models):
+    """bf16 activations (the backend converts q, k, v to float32 and its output back)."""
+    got = run_engine(models("llama"), PLUGIN, {"alone": JOBS["alone"]}, dtype="bfloat16")
+    assert got.impls == {"Int8AttnImpl"}
+    tokens = got.outputs["alone"][0][0]
+    assert len(tokens) == STEPS and all(0 <= t < 512 for t in tokens)
+    ref = run(models, "llama", REFERENCE).outputs["alone"][0][0]
+    assert tokens[0] == ref[0]
+
+
 def test_the_bounds_fail_with_a_broken_quantizer(models, monkeypatch):
     """K and V rows rounded to 4 levels per sign of their absmax before the pool stores them (as
     if the cache kept 3 bits): the comparison must catch it."""

