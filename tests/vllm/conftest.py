@@ -19,16 +19,6 @@ except ImportError:
 
 import pytest
 
-import int8attn as ia
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-# Until int8attn has its PagedKVCache, the tests run the backend over the numpy stand-in of its
-# contract (an engine started in another process gets it from _standin_site/sitecustomize.py).
-STANDIN = not hasattr(ia, "PagedKVCache")
-if STANDIN:
-    from _paged_standin import PagedKVCache
-    ia.PagedKVCache = PagedKVCache
-
 PLUGIN = "int8_per_token_head"
 REFERENCE = "auto"          # vLLM's own CPU backend; with dtype float32 its cache is fp32
 VOCAB = 512

@@ -4,27 +4,29 @@ GQA, Qwen2-style MQA with sliding layers, Gemma 2-style with sliding layers, a s
 own scale).
 
 Two comparisons, both greedy, 16 new tokens a prompt:
-- over a pool that keeps exact float rows (_paged_standin.ExactPool: the backend's plumbing
+- over a pool that keeps exact float rows (_numpy_pool.ExactPool: the backend's plumbing
   without quantization error), every token equals vLLM's and every logprob is within EXACT;
-- over the int8 pool, the reference's tokens keep their logprob within LOGPROB while the
-  prefixes agree, and a prompt may leave the reference's path only at a near tie: where the
-  reference's own logprobs of its token and of the plugin's differ by at most 2 * LOGPROB
-  (random weights have such ties however peaked; at any other step the first N tokens agree).
+- over the int8 pool, the logprobs of the reference's tokens stay within LOGPROB of the
+  reference's while the prefixes agree, and so do those of both tokens at the step where a
+  prompt leaves the reference's path (which then can only be a near tie: the reference's own
+  logprobs of the two differ by at most 2 * LOGPROB). Random weights have such ties however
+  peaked; most tokens come before any.
 """
 import functools
 
 import pytest
-from _paged_standin import ExactPool
+from _numpy_pool import ExactPool
 from conftest import PLUGIN, REFERENCE, run_engine, token_prompts
 
 import int8attn as ia
 
 STEPS = 16
-# The worst logprob change of a reference token over the 3 models' 21 prompts was 1.3e-5 with
-# the exact pool and 0.16 with the int8 one (the numpy stand-in of the pool) when these were
-# set.
+# When these were set: with the exact pool the worst logprob change was 1.3e-5; with the int8
+# pool 0.224 (Llama, Qwen2, Gemma 2: 63 prompts, 1008 tokens, 787 of them before any
+# divergence; 21 prompts diverged, at ties of at most 0.111); the 3-bit quantizer of the test
+# below moved logprobs by 0.72 to 0.82 or out of the top 5 and left the path at step 0 or 1.
 EXACT = 1e-4
-LOGPROB = 0.25
+LOGPROB = 0.35
 MODELS = ["llama", "qwen2", "gemma2"]
 
 # One prompt alone; 16 prompts of different lengths at once (the longest are prefilled in chunks
@@ -72,15 +74,13 @@ def compare(ref, got):
 
 
 def assert_tracks(ref_outputs, got_outputs, bound, ties):
-    """Every prompt's logprobs within `bound`; its tokens all equal, or (`ties`) equal up to a
-    step where the reference's logprobs of the two tokens are within 2 * bound."""
+    """Every prompt's logprobs within `bound` (compare's `worst`); its tokens all equal, unless
+    `ties` (a divergence is then at a tie of at most 2 * bound: it follows from the bound)."""
     for i, (ref, got) in enumerate(zip(ref_outputs, got_outputs, strict=True)):
         n, worst, tie = compare(ref, got)
         assert worst <= bound, f"prompt {i}: a logprob moved by {worst:.4g} > {bound}"
-        if n < len(ref[0]):
-            assert ties and tie <= 2 * bound, (
-                f"prompt {i}: greedy tokens agree for {n} of {len(ref[0])}, and the reference's "
-                f"logprobs of the two tokens at step {n} differ by {tie:.4g}")
+        assert ties or n == len(ref[0]), (
+            f"prompt {i}: greedy tokens agree for {n} of {len(ref[0])} (a tie of {tie:.4g})")
 
 
 @pytest.mark.parametrize("job", ["alone", "batch"])
@@ -100,7 +100,7 @@ def test_the_int8_cache_tracks_vllms_fp32_cache(models, name, job):
 
 
 def test_most_tokens_agree(models):
-    """Ties are rare: of all the prompts' tokens, at least 3 in 4 lie before any divergence."""
+    """Ties are rare: of all the prompts' tokens, at least 2 in 3 come before any divergence."""
     agreed = total = 0
     for name in MODELS:
         ref, got = run(models, name, REFERENCE), run(models, name, PLUGIN)
@@ -108,7 +108,7 @@ def test_most_tokens_agree(models):
             for r, g in zip(ref.outputs[job], got.outputs[job]):
                 agreed += compare(r, g)[0]
                 total += len(r[0])
-    assert agreed >= 0.75 * total, (agreed, total)
+    assert agreed >= 2 / 3 * total, (agreed, total)
 
 
 def test_a_bfloat16_model_runs_on_the_plugin(models):

@@ -10,7 +10,7 @@ import sys
 import time
 import urllib.request
 
-from conftest import ENGINE, HERE, PLUGIN, STANDIN
+from conftest import ENGINE, PLUGIN
 from test_backend import JOBS, run
 
 MAX_TOKENS = 8
@@ -34,9 +34,6 @@ def test_the_server_answers_with_the_plugins_tokens(models, tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     env.update(VLLM_LOGGING_LEVEL="INFO", VLLM_CPU_KVCACHE_SPACE="1")
-    if STANDIN:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(HERE, "_standin_site"),
-                                                          env.get("PYTHONPATH")]))
     args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
             "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init",
             "--kv-cache-dtype", PLUGIN, "--enforce-eager", "--dtype", ENGINE["dtype"],

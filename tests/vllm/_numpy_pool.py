@@ -1,6 +1,6 @@
-"""A numpy stand-in for ``int8attn.PagedKVCache`` (the API of the paged cache's contract), used by
-the vLLM tests until the real class is in the package. Rows are quantized per token and kv head
-to int8 with absmax / 127 scales (not rotated). Slow and simple: for tests only.
+"""Numpy pools with ``int8attn.PagedKVCache``'s API, which the vLLM tests put in its place in an
+engine. ``PagedKVCache`` here quantizes rows per token and kv head to int8 with absmax / 127
+scales (not rotated); ``ExactPool`` attends over exact float rows. Slow and simple: tests only.
 
 A block's bytes: K codes int8 [bs, Hkv, D], V codes int8 [bs, Hkv, D], K scales float32
 [bs, Hkv], V scales float32 [bs, Hkv].
@@ -97,7 +97,7 @@ class PagedKVCache:
 
 
 class ExactPool(PagedKVCache):
-    """The stand-in that also keeps every row in float32 and attends over those: no
+    """The numpy pool that also keeps every row in float32 and attends over those: no
     quantization error, so an engine on it must give vLLM's fp32 results up to float rounding
     (what the tests check of the backend's plumbing: slots, block tables, window, soft cap,
     scale, GQA)."""
