@@ -11,7 +11,7 @@ selector asserts it), so the plugin serves the existing name whose bytes per tok
 are ours (``2 * head_dim + 8``: int8 K and V codes, one float32 scale each). The format inside a
 block is int8attn's own (rotated rows), not the Triton backend's.
 
-This is the only module of int8attn that imports torch or vLLM.
+The only module of int8attn that imports vLLM (torch: this one and int8attn.hf).
 """
 from dataclasses import dataclass, replace
 
@@ -24,6 +24,8 @@ from vllm.logger import init_logger
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
 
 import int8attn as ia
+from int8attn import _format as F
+from int8attn import _rules as R
 
 _log = init_logger("vllm.plugins.int8attn")     # under vllm: its handlers print it
 
@@ -32,25 +34,29 @@ KV_CACHE_DTYPES = ("int8_per_token_head",)
 # The name under which vLLM's backend registry knows this backend.
 BACKEND_NAME = "INT8ATTN"
 _BACKEND_PATH = f"{__name__}.Int8AttnBackend"
-_BLOCK_SIZES = (16, 32, 64, 128, 256)
+_HINT = "use another kv_cache_dtype (e.g. 'auto') for vLLM's own CPU backend"
 
 
 def _refuse(what, expected, got):
     raise ValueError(f"int8attn (kv_cache_dtype={KV_CACHE_DTYPES[0]!r}): {what} must be "
-                     f"{expected}, got {got!r}; use another kv_cache_dtype (e.g. 'auto') for "
-                     "vLLM's own CPU backend")
+                     f"{expected}, got {got!r}; {_HINT}")
+
+
+def _check(rule, name, value):
+    """int8attn's own rule (from _rules) on vLLM's `name`, refused naming it."""
+    try:
+        rule(value)
+    except ValueError as e:
+        raise ValueError(f"int8attn (kv_cache_dtype={KV_CACHE_DTYPES[0]!r}): {name}={value} "
+                         f"refused: {e}; {_HINT}") from None
 
 
 def check_head_size(head_size):
-    """The head sizes a paged cache holds: a multiple of 16 in 16..1024."""
-    if head_size % 16 or not 16 <= head_size <= 1024:
-        _refuse("head_size", "a multiple of 16 in 16..1024", head_size)
+    _check(R.check_head_dim, "head_size", head_size)
 
 
 def check_block_size(block_size):
-    """The block sizes a paged cache holds: a power of two in 16..256."""
-    if block_size not in _BLOCK_SIZES:
-        _refuse("block_size", f"one of {_BLOCK_SIZES}", block_size)
+    _check(R.check_block_size, "block_size", block_size)
 
 
 class Int8AttnBackend(AttentionBackend):
@@ -74,11 +80,15 @@ class Int8AttnBackend(AttentionBackend):
 
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec=None):
-        return list(_BLOCK_SIZES)
+        return list(F.BLOCK_SIZES)
 
     @classmethod
     def supports_head_size(cls, head_size):
-        return head_size % 16 == 0 and 16 <= head_size <= 1024
+        try:
+            check_head_size(head_size)
+        except ValueError:
+            return False
+        return True
 
     @classmethod
     def supports_sliding_window(cls):

@@ -40,6 +40,8 @@ def model_config(name):
                   max_position_embeddings=1024, initializer_range=0.1)
     if name == "llama":           # GQA 4:1, full attention
         return LlamaConfig(num_attention_heads=8, num_key_value_heads=2, head_dim=32, **common)
+    if name == "llama-head-24":   # a head size int8attn does not take
+        return LlamaConfig(num_attention_heads=8, num_key_value_heads=2, head_dim=24, **common)
     if name == "qwen2":           # MQA, attention biases, every layer sliding (window 24: vLLM's
         # Qwen2 takes no mix of sliding and full layers)
         return Qwen2Config(num_attention_heads=4, num_key_value_heads=1, use_sliding_window=True,
@@ -90,8 +92,9 @@ def run_engine(model, kv_cache_dtype, jobs, **engine):
     job submitted together), shut it down and return a Run."""
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=model, kv_cache_dtype=kv_cache_dtype, **{**ENGINE, **engine})
+    llm = None
     try:
+        llm = LLM(model=model, kv_cache_dtype=kv_cache_dtype, **{**ENGINE, **engine})
         outputs = {}
         for name, (prompts, max_tokens) in jobs.items():
             params = SamplingParams(max_tokens=max_tokens, temperature=0, logprobs=5,

@@ -83,6 +83,12 @@ def assert_tracks(ref_outputs, got_outputs, bound, ties):
             f"prompt {i}: greedy tokens agree for {n} of {len(ref[0])} (a tie of {tie:.4g})")
 
 
+def test_a_model_the_plugin_cannot_serve_is_refused_naming_the_value(models):
+    """(First: the engines of the tests after it start in the same process.)"""
+    with pytest.raises(ValueError, match="head_size=24 refused"):
+        run_engine(models("llama-head-24"), PLUGIN, {})
+
+
 @pytest.mark.parametrize("job", ["alone", "batch"])
 @pytest.mark.parametrize("name", MODELS)
 def test_over_exact_rows_the_plugin_gives_vllms_fp32_results(models, name, job):
