@@ -81,18 +81,21 @@ def cache_bytes(case):
     return sum(size for name, (_, _, size) in buffers.items() if name in _STREAMED)
 
 
-def llc_bytes():
+def llc_bytes(base="/sys/devices/system/cpu/cpu0/cache"):
     """Size of the last-level cache (Linux sysfs), 32 MiB when it cannot be read."""
     best = 0
-    base = "/sys/devices/system/cpu/cpu0/cache"
     try:
-        for entry in os.listdir(base):
+        entries = os.listdir(base)
+    except OSError:
+        entries = []
+    for entry in entries:                 # index0, index1, ...; other files (uevent) have no size
+        try:
             with open(os.path.join(base, entry, "size")) as f:
                 text = f.read().strip()
             mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
             best = max(best, int(text.rstrip("KMG")) * mult)
-    except (OSError, ValueError):
-        pass
+        except (OSError, ValueError, IndexError):
+            continue
     return best or 32 << 20
 
 
