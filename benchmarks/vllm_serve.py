@@ -55,6 +55,13 @@ import time
 
 import numpy as np
 
+# libgomp's threads (vLLM's kernels, through torch) spin for a while after each parallel region
+# by default (for good with ACTIVE). Interleaved with int8attn's calls on two shared vCPUs, a
+# spinning worker holds the CPU the other runtime's threads need (int8attn's spin 0.2 ms), and
+# vLLM's 2-thread calls took 8-16 ms (timer ticks) instead of 0.4. PASSIVE: they sleep at once.
+# Set before torch loads libgomp; an OMP_WAIT_POLICY in the environment wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 try:
     import torch
     import vllm._custom_ops as ops
@@ -462,7 +469,8 @@ def main(argv=None):
     cap = capacity(models, space)
     import vllm
     rep = _bench.report(results, {"quick": args.quick, "budget_s": budget, "threads": threads,
-                                  "vllm_block_size": VLLM_BLOCK, "space_bytes": space})
+                                  "vllm_block_size": VLLM_BLOCK, "space_bytes": space,
+                                  "omp_wait_policy": os.environ["OMP_WAIT_POLICY"]})
     rep["versions"]["vllm"] = vllm.__version__
     rep["capacity"] = {"space_bytes": space, "models": models, "rows": cap}
     rep["engine"] = None                    # (b): the engine with int8attn.vllm, to come
@@ -476,7 +484,8 @@ def main(argv=None):
           f"{m['llc_bytes'] >> 20} MiB as int8attn._bench reads it); tier {rep['tier']}; "
           f"vLLM ISA: bf16/fp8 {_get_attn_isa(torch.bfloat16, VLLM_BLOCK, 128, 'auto')}, "
           f"fp32 {_get_attn_isa(torch.float32, VLLM_BLOCK, 128, 'auto')}; load average "
-          f"{load_start[0]:.1f} at the start, {rep['load_average']['end'][0]:.1f} at the end")
+          f"{load_start[0]:.1f} at the start, {rep['load_average']['end'][0]:.1f} at the end; "
+          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
     print_kernels(results)
     print("\n### (b) the engine\n\nTo come with the vLLM plugin (int8attn.vllm): the engine's "
           "decode throughput and its own reported KV capacity.")
