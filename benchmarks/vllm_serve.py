@@ -44,7 +44,8 @@ lands on all of them alike. Ratios are medians over rounds of the two calls' rat
 "Of memory" is an implementation's bytes per second over the probe's. Before timing, each
 implementation's output at every shape is compared with numpy fp32 attention over the
 unquantized K/V: the error is the largest over (sequence, head) of
-max |out - ref| / max |ref|.
+max |out - ref| / max |ref|; and the pools' outputs must have the contiguous rotated cache's
+bits (their contract), which also catches a block table that reorders positions.
 """
 
 import argparse
@@ -301,14 +302,20 @@ def attention(q, k, v):
 
 def errors(impls, k, v, q):
     """{name: error} of every implementation but the probe against numpy fp32 attention over
-    the unquantized rows: the largest over (sequence, head) of max |out - ref| / max |ref|."""
+    the unquantized rows (the largest over (sequence, head) of max |out - ref| / max |ref|),
+    and {paged: whether its output has the contiguous rotated cache's bits}, the pool's
+    contract: a block table that reorders a sequence's positions leaves the first unchanged
+    (attention over all positions does not see their order) but not the second."""
     ref = np.stack([attention(q[b], k[b], v[b]) for b in range(len(q))])
     top = np.abs(ref).max(axis=-1)
-    return {name: float((np.abs(impl.output() - ref).max(axis=-1) / top).max())
-            for name, impl in impls.items() if name != "probe"}
+    outs = {name: impl.output() for name, impl in impls.items() if name != "probe"}
+    return {name: float((np.abs(out - ref).max(axis=-1) / top).max())
+            for name, out in outs.items()}, {
+        name: bool(np.array_equal(outs[name].view(np.int32), outs["rotated"].view(np.int32)))
+        for name in ("paged128", "paged16")}
 
 
-def summary(case, threads, regime, impls, times, error):
+def summary(case, threads, regime, impls, times, checks):
     med = {name: float(np.median(t)) for name, t in times.items()}
     probe_speed = impls["probe"].nbytes / med["probe"]
     return {
@@ -320,7 +327,7 @@ def summary(case, threads, regime, impls, times, error):
         "ratio": {f"{a}/{b}": float(np.median(np.divide(times[a], times[b])))
                   for a, b in RATIOS},
         "of_memory": {n: impls[n].nbytes / med[n] / probe_speed for n in impls},
-        "error": error,
+        "error": checks[0], "same_bits_as_rotated": checks[1],
     }
 
 
@@ -328,19 +335,19 @@ def run(cases, threads, budget, min_rounds, progress):
     results = []
     for case in cases:
         impls, (k, v, q) = build(case)
-        error = None
+        checks = None
         for t in threads:
             ia.set_num_threads(t)
             torch.set_num_threads(t)
             for impl in impls.values():
                 if hasattr(impl, "set_threads"):
                     impl.set_threads()
-            error = error or errors(impls, k, v, q)
+            checks = checks or errors(impls, k, v, q)
             for regime in ("hot", "cold"):
                 progress.step(f"{case.name} t{t} {regime}")
                 results.append(summary(case, t, regime, impls,
                                        rounds(impls, regime == "cold", min_rounds, budget),
-                                       error))
+                                       checks))
         del impls
     return results
 
@@ -411,9 +418,11 @@ def print_kernels(results):
     names = [n for n in IMPLS if n != "probe"]
     seen = {}
     for r in results:
-        seen.setdefault(r["name"].rsplit("/", 2)[0], r["error"])
-    print(table(["case", *names], [[c] + [f"{e[n]:.1e}" for n in names]
-                                   for c, e in seen.items()], labels=1))
+        seen.setdefault(r["name"].rsplit("/", 2)[0], (r["error"], r["same_bits_as_rotated"]))
+    print(table(["case", *names, "paged128, paged16 = rotated bits"],
+                [[c] + [f"{e[n]:.1e}" for n in names]
+                 + [", ".join("yes" if same[p] else "NO" for p in ("paged128", "paged16"))]
+                 for c, (e, same) in seen.items()], labels=1))
     print()
     for name in ("paged128", "paged16"):
         got = [(r["ratio"][f"{name}/rotated"], r["name"]) for r in results]
