@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import int8attn as ia
+from conftest import EMULATED
 from int8attn._kernels_layout import write_layout
 from test_dispatch import run_python
 
@@ -177,7 +178,6 @@ def test_demo_arguments_are_checked(argv, match):
 def test_readme_quick_start_errors_are_what_the_demo_prints():
     """The README's quick-start table: its error columns are what `python -m int8attn` prints on
     any machine (seeded inputs, the same bits on every tier); only the times may differ."""
-    from conftest import EMULATED
     readme = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
     if not os.path.exists(readme):
         pytest.skip("README.md: not beside these tests (a copy of the suite outside the tree)")
