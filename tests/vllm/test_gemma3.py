@@ -34,10 +34,11 @@ STEPS = 16
 TEACHER = 0.4
 GREEDY = 0.2
 # One prompt alone, longer than the sliding window; 16 prompts of different lengths at once
-# (consecutive pieces of the text after it), chunked prefill in chunks of 128 tokens.
+# (consecutive pieces of the text after it), chunked prefill in chunks of 256 tokens (the batch
+# takes 4 steps: the short prompts decode while the long ones prefill).
 ALONE = 600
 LENGTHS = [3, 6, 10, 15, 21, 28, 36, 45, 55, 66, 78, 91, 105, 120, 136, 153]
-GEMMA = dict(max_model_len=ALONE + 1 + STEPS, max_num_batched_tokens=128,
+GEMMA = dict(max_model_len=ALONE + 1 + STEPS, max_num_batched_tokens=256,
              enable_prefix_caching=False)      # the coarse rerun must recompute every block
 
 
