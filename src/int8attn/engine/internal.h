@@ -90,6 +90,13 @@ static inline size_t paged_part(const i8a_paged *p, int part)
                                                                          : 2 * rd + 4 * p->block_rows;
 }
 
+/* Where kv head g's share of block 0 starts (a block's place is then + block * block_bytes):
+ * the heads' shares follow each other, block_bytes / n_kv_heads bytes each. */
+static inline size_t paged_head(const i8a_paged *p, size_t g)
+{
+    return g * (p->block_bytes / p->n_kv_heads);
+}
+
 /* Kv head g's part `part` in the block of a paged view's position pos (the view's blocks[pos /
  * block_rows]; a view without blocks is the whole pool, its blocks in order: position = slot). */
 static inline uint8_t *paged_at(const i8a_cache *c, size_t g, size_t pos, int part)
@@ -97,8 +104,7 @@ static inline uint8_t *paged_at(const i8a_cache *c, size_t g, size_t pos, int pa
     const i8a_paged *p = c->paged;
     const size_t b = pos >> p->block_shift;
     const size_t block = c->blocks ? (size_t)c->blocks[b] : b;
-    return p->base + block * p->block_bytes + g * (p->block_rows * (2 * p->head_dim + 8))
-           + paged_part(p, part);
+    return p->base + block * p->block_bytes + paged_head(p, g) + paged_part(p, part);
 }
 
 /* The row within its block of a paged view's position pos. */

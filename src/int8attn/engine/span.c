@@ -8,7 +8,7 @@ static i8a_span paged_rows(const i8a_cache *c, size_t g, size_t a, size_t b)
 {
     const i8a_paged *p = c->paged;
     i8a_span span = {0};
-    span.k = (const int8_t *)p->base + g * (p->block_rows * (2 * p->head_dim + 8));
+    span.k = (const int8_t *)p->base + paged_head(p, g);
     span.v = span.k + paged_part(p, PAGED_V);
     span.blocks = c->blocks + (a >> p->block_shift);
     span.block_bytes = p->block_bytes;
@@ -55,7 +55,7 @@ void i8a_gather_scales(const i8a_cache *c, size_t g, i8a_span *span, float *buf)
     if (!c->paged)
         return;
     const i8a_paged *p = c->paged;
-    const uint8_t *head = p->base + g * (p->block_rows * (2 * p->head_dim + 8));
+    const uint8_t *head = p->base + paged_head(p, g);
     for (size_t r = 0; r < span->n;) {
         const size_t row = span->lead + r, in_block = row & (p->block_rows - 1);
         const size_t run = p->block_rows - in_block < span->n - r ? p->block_rows - in_block
