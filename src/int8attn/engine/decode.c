@@ -297,15 +297,17 @@ int i8a_decode_views(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, cons
         first[b + 1] = first[b] + jobs[b].L.items;
     }
     const size_t threads = i8a_threads_for(work, first[n], max_threads);
+    size_t total = 0;       /* the workspaces, each 64-byte aligned */
+    for (size_t b = 0; b < n; b++) {
+        jobs[b].L = i8a_plan_with_threads(jobs[b].L, threads);
+        total += (jobs[b].L.end + 63) & ~(size_t)63;
+    }
     int rc = 0;
     if (owner) {            /* one workspace, the owner's, cut into the caches' */
-        size_t total = 0;
-        for (size_t b = 0; b < n; b++)
-            total += (i8a_plan_with_threads(jobs[b].L, threads).end + 63) & ~(size_t)63;
         rc = i8a_reserve_work(owner, total) != 0 ? 3 : 0;
         for (size_t b = 0, at = 0; b < n && rc == 0; b++) {
             cs[b]->work = (char *)owner->work + at;
-            cs[b]->work_bytes = i8a_plan_with_threads(jobs[b].L, threads).end;
+            cs[b]->work_bytes = jobs[b].L.end;
             at += (cs[b]->work_bytes + 63) & ~(size_t)63;
         }
     }
@@ -314,8 +316,7 @@ int i8a_decode_views(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, cons
         const size_t tb = ts ? ts[b] : t;
         I8A_EXPECT(cs[b]->head_dim == cs[0]->head_dim && cs[b]->n_kv_heads == cs[0]->n_kv_heads);
         const size_t at = row * cs[0]->head_dim;
-        rc = prepare(kt, cs[b], q + at, tb, h, opt, i8a_plan_with_threads(jobs[b].L, threads),
-                     out + at, &jobs[b], bad);
+        rc = prepare(kt, cs[b], q + at, tb, h, opt, jobs[b].L, out + at, &jobs[b], bad);
         if (rc != 0 && rc != 3)
             *bad += row;
         row += tb * h;
