@@ -68,6 +68,9 @@ CASES = [
     (1, 256, 64, (700, 900, 33), (5, 1, 17), 4, dict(window=512)),
     (2, 96, 128, (257, 700, 77), (1, 120, 0), 16, dict(q_bits=8)),
     (1, 32, 256, (45, 300, 512, 16), (3, 300, 1, 16), 7, dict(softcap=5.0, scale=0.3)),
+    # 19 sequences, a third of them without queries: past the batches held on the stack
+    (2, 64, 16, tuple(17 + 29 * i for i in range(19)), tuple(i % 3 for i in range(19)), 4,
+     dict(window=70, sinks=1)),
 ]
 
 

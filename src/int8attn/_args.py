@@ -76,6 +76,8 @@ def is_torch(x):
 def as_float32(x, name):
     """x as a float32 numpy array (no copy when it already is one), or TypeError naming `name`.
     Values beyond float32's range become inf, which the kernels then reject."""
+    if type(x) is np.ndarray and x.dtype == np.float32:
+        return x
     if is_torch(x):
         x = _torch_to_numpy(x, name)
     if isinstance(x, np.ndarray):
@@ -436,6 +438,8 @@ def paged_buffer(buffer, num_blocks, block_bytes):
 def _int_array(x, name, ndim, dtype=np.int64):
     """x as a C-contiguous numpy array of ndim dimensions of dtype (int64, or int32 when every
     value fits it), or TypeError / ValueError naming it."""
+    if type(x) is np.ndarray and x.dtype == dtype and x.ndim == ndim and x.flags.c_contiguous:
+        return x                            # a serving engine's own arrays: nothing to do
     a = x.detach().numpy() if is_torch(x) else np.asarray(x)
     if a.dtype.kind not in "iu" or a.dtype == np.uint64:
         raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")

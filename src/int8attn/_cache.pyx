@@ -469,14 +469,20 @@ cdef class _Paged:
         engine's status and its bad row."""
         if not i8a_is_taken(&self._busy):
             raise RuntimeError("the pool's busy flag must be held (_enter) for this call")
-        if not (qa.ndim == 3 and qa.shape[2] == self._p.head_dim and qa.shape[1] >= 1
-                and qa.shape[1] % self._p.n_kv_heads == 0 and out.shape == qa.shape
+        # typed views: the shapes below are C reads (a call costs microseconds of Python
+        # attribute lookups otherwise)
+        cdef const float[:, :, ::1] qmv = qa
+        cdef float[:, :, ::1] omv = out
+        cdef size_t nq = qmv.shape[0], h = qmv.shape[1]
+        if not (<size_t>qmv.shape[2] == self._p.head_dim and h >= 1
+                and h % self._p.n_kv_heads == 0 and <size_t>omv.shape[0] == nq
+                and <size_t>omv.shape[1] == h and omv.shape[2] == qmv.shape[2]
                 and scale > 0 and q_bits in (8, 16) and (sinks == 0 or sinks <= window)):
             raise ValueError("_attend: q, out or the options do not fit the pool (see attend)")
         cdef const int32_t[::1] smv = starts
         cdef const int32_t[::1] lmv = lens
         cdef const int32_t[:, ::1] tmv = table
-        cdef size_t nb = lmv.shape[0], width = tmv.shape[1], h = qa.shape[1], bad = 0
+        cdef size_t nb = lmv.shape[0], width = tmv.shape[1], bad = 0
         cdef size_t rows = self._p.block_rows, blocks = self._p.blocks, ns = 0, b, j, need
         cdef int64_t t
         if <size_t>smv.shape[0] != nb + 1:
@@ -485,11 +491,14 @@ cdef class _Paged:
         if <size_t>tmv.shape[0] != nb:
             raise ValueError(f"block_table must have B={nb} rows (seq_lens has B), got "
                              f"{tmv.shape[0]}")
-        if smv[0] != 0 or smv[nb] != qa.shape[0]:
-            raise ValueError(f"query_start must start at 0 and end at Nq={qa.shape[0]} (the "
-                             f"rows of q); got {smv[0]} .. {smv[nb]}")
-        seqs = np.empty((nb + (nb == 0)) * sizeof(i8a_paged_seq), np.uint8)
-        cdef i8a_paged_seq *sp = <i8a_paged_seq *>_ptr(seqs)
+        if smv[0] != 0 or <size_t>smv[nb] != nq:
+            raise ValueError(f"query_start must start at 0 and end at Nq={nq} (the rows of q); "
+                             f"got {smv[0]} .. {smv[nb]}")
+        cdef i8a_paged_seq few[16]              # a batch of up to 16: no allocation
+        cdef i8a_paged_seq *sp = few
+        if nb > 16:
+            seqs = np.empty(nb * sizeof(i8a_paged_seq), np.uint8)
+            sp = <i8a_paged_seq *>_ptr(seqs)
         for b in range(nb):
             t = <int64_t>smv[b + 1] - smv[b]
             if t < 0:
@@ -515,15 +524,13 @@ cdef class _Paged:
             ns += 1
         if ns == 0:
             return 0, 0
-        cdef const float[::1] qmv = qa.reshape(-1)
-        cdef float[::1] omv = out.reshape(-1)
         cdef i8a_options opt
         opt.scale, opt.q_bits, opt.window, opt.sinks, opt.softcap = (scale, q_bits, window,
                                                                      sinks, softcap)
         cdef int rc
         with nogil:
-            rc = i8a_paged_attend(i8a_load_tier(&_kt), &self._p, sp, ns, &qmv[0], h, &opt,
-                                  i8a_load_size(&_threads), &omv[0], &bad)
+            rc = i8a_paged_attend(i8a_load_tier(&_kt), &self._p, sp, ns, &qmv[0, 0, 0], h, &opt,
+                                  i8a_load_size(&_threads), &omv[0, 0, 0], &bad)
         return rc, bad
 
     def _dequantize(self, blocks, size_t length):

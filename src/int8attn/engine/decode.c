@@ -118,10 +118,11 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
             next = i8a_window_span(c, then - chunks);
         if (has_four(c))
             i8a_prefetch_four(c, &next);
+        i8a_prefetch_scales(c, &next);
         const i8a_attend_fn attend = job->kt->attend[k_format(c)][v_format(c)];
         if (whole) {
             i8a_span span = whole_span;
-            i8a_gather_scales(c, g, &span, gather);
+            i8a_gather_scales(c, &span, gather);
             i8a_hint_next(&span, &next);
             const i8a_query q = query_at(job, g, 0, rows);
             const i8a_state st = state_at(job, g, vi, job->L.parts - 1, 0);
@@ -137,7 +138,7 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
                     if (a >= b)
                         continue;
                     i8a_span span = i8a_span_rows(c, g, a, b);
-                    i8a_gather_scales(c, g, &span, gather);
+                    i8a_gather_scales(c, &span, gather);
                     i8a_hint_next(&span, &next);
                     const i8a_query q = query_at(job, g, tt * nq, nq);
                     const i8a_state st = state_at(job, g, vi, job->L.parts == 2 ? k : 0, tt * nq);

@@ -340,10 +340,14 @@ i8a_plan i8a_plan_with_threads(i8a_plan L, size_t threads);
 /* Positions [a, b) of kv head g as a span (without a prefetch hint). */
 i8a_span i8a_span_rows(const i8a_cache *c, size_t g, size_t a, size_t b);
 
-/* A span of a paged view reads its rows' scales from buf [2 * I8A_CHUNK] (K's, then V's from
- * buf + I8A_CHUNK): gathered from the blocks of kv head g; nothing for a contiguous cache,
- * whose scales lie in a row. */
-void i8a_gather_scales(const i8a_cache *c, size_t g, i8a_span *span, float *buf);
+/* A span of a paged view (from i8a_span_rows) reads its rows' scales from buf [2 * I8A_CHUNK]
+ * (K's, then V's from buf + I8A_CHUNK): gathered from its blocks; nothing for a contiguous
+ * cache, whose scales lie in a row. */
+void i8a_gather_scales(const i8a_cache *c, i8a_span *span, float *buf);
+
+/* The scales the next item of a paged view will gather, into the caches ahead of it (a
+ * contiguous cache's lie in a row the hardware prefetches: nothing). */
+void i8a_prefetch_scales(const i8a_cache *c, const i8a_span *next);
 
 /* The next item's rows as span's prefetch hint: its K and V bytes, at 8 or 4 bits (the
  * kernels read them at the span's own widths: a window item's halves are two rows of codes). */

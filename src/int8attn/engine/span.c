@@ -50,25 +50,53 @@ i8a_span i8a_span_rows(const i8a_cache *c, size_t g, size_t a, size_t b)
     return span;
 }
 
-void i8a_gather_scales(const i8a_cache *c, size_t g, i8a_span *span, float *buf)
+/* The rows from span row r of a paged span that lie in one block: how many, and in *block the
+ * start of kv head g's share of that block (the span's k is its share of block 0's place), in
+ * *in_block row r's place there. */
+static size_t paged_run(const i8a_paged *p, const i8a_span *span, size_t r, const uint8_t **block,
+                        size_t *in_block)
+{
+    const size_t row = span->lead + r, at = row & (p->block_rows - 1);
+    const size_t left = p->block_rows - at;
+    *block = (const uint8_t *)span->k + (size_t)span->blocks[row >> p->block_shift] * p->block_bytes;
+    *in_block = at;
+    return left < span->n - r ? left : span->n - r;
+}
+
+/* Each run's K and V scales of a paged span: copied to buf (K's at buf, V's at buf +
+ * I8A_CHUNK), or with buf NULL only prefetched. */
+static void paged_scales(const i8a_paged *p, const i8a_span *span, float *buf)
+{
+    for (size_t r = 0; r < span->n;) {
+        const uint8_t *block;
+        size_t at;
+        const size_t run = paged_run(p, span, r, &block, &at);
+        const float *ks = (const float *)(block + paged_part(p, PAGED_KS)) + at;
+        const float *vs = (const float *)(block + paged_part(p, PAGED_VS)) + at;
+        if (buf) {
+            memcpy(buf + r, ks, run * sizeof(float));
+            memcpy(buf + I8A_CHUNK + r, vs, run * sizeof(float));
+        } else {
+            i8a_prefetch_rows(ks, run * sizeof(float));
+            i8a_prefetch_rows(vs, run * sizeof(float));
+        }
+        r += run;
+    }
+}
+
+void i8a_gather_scales(const i8a_cache *c, i8a_span *span, float *buf)
 {
     if (!c->paged)
         return;
-    const i8a_paged *p = c->paged;
-    const uint8_t *head = p->base + paged_head(p, g);
-    for (size_t r = 0; r < span->n;) {
-        const size_t row = span->lead + r, in_block = row & (p->block_rows - 1);
-        const size_t run = p->block_rows - in_block < span->n - r ? p->block_rows - in_block
-                                                                  : span->n - r;
-        const uint8_t *block = head + (size_t)span->blocks[row >> p->block_shift] * p->block_bytes;
-        memcpy(buf + r, (const float *)(block + paged_part(p, PAGED_KS)) + in_block,
-               run * sizeof(float));
-        memcpy(buf + I8A_CHUNK + r, (const float *)(block + paged_part(p, PAGED_VS)) + in_block,
-               run * sizeof(float));
-        r += run;
-    }
+    paged_scales(c->paged, span, buf);
     span->ks = buf;
     span->vs = buf + I8A_CHUNK;
+}
+
+void i8a_prefetch_scales(const i8a_cache *c, const i8a_span *next)
+{
+    if (c->paged)
+        paged_scales(c->paged, next, NULL);
 }
 
 void i8a_hint_next(i8a_span *span, const i8a_span *next)

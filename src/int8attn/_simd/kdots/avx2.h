@@ -69,15 +69,18 @@ I8A_INLINE void i8a_kdots_rows_avx2(const i8a_query *q, const i8a_span *kv, int3
 {
     const size_t d = q->d, n = kv->n;
     const int two = q->two_planes;
+    const int8_t *rows[I8A_CHUNK];              /* rows in blocks: found once for all heads */
+    if (!one_run)
+        i8a_krows(kv, d, rows);
     size_t s = 0;
     for (; s + 4 <= n; s += 4) {
         if (s < kv->next_n) /* the next chunk's K, one group of rows per group */
             i8a_prefetch_rows(i8a_next_krow_of(kv, s, d, one_run),
                               (kv->next_n - s < 4 ? kv->next_n - s : 4) * d);
-        const int8_t *k0 = i8a_krow_of(kv, s, d, one_run);
-        const int8_t *k1 = i8a_krow_of(kv, s + 1, d, one_run);
-        const int8_t *k2 = i8a_krow_of(kv, s + 2, d, one_run);
-        const int8_t *k3 = i8a_krow_of(kv, s + 3, d, one_run);
+        const int8_t *k0 = i8a_krow_of(kv, rows, s, d, one_run);
+        const int8_t *k1 = i8a_krow_of(kv, rows, s + 1, d, one_run);
+        const int8_t *k2 = i8a_krow_of(kv, rows, s + 2, d, one_run);
+        const int8_t *k3 = i8a_krow_of(kv, rows, s + 3, d, one_run);
         for (size_t j = 0; j < q->nq; j++) {
             const int8_t *qh = q->q_hi + j * d, *ql = q->q_lo + j * d;
             __m256i h0 = _mm256_setzero_si256(), h1 = h0, h2 = h0, h3 = h0;
@@ -116,7 +119,7 @@ I8A_INLINE void i8a_kdots_rows_avx2(const i8a_query *q, const i8a_span *kv, int3
     }
     for (; s < n; s++)
         for (size_t j = 0; j < q->nq; j++)
-            i8a_dot2_avx2(q->q_hi + j * d, q->q_lo + j * d, i8a_krow_of(kv, s, d, one_run), d,
+            i8a_dot2_avx2(q->q_hi + j * d, q->q_lo + j * d, i8a_krow_of(kv, rows, s, d, one_run), d,
                           two,
                           dh + j * I8A_CHUNK + s, dl + j * I8A_CHUNK + s);
 }

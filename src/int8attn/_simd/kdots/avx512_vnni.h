@@ -42,13 +42,6 @@ static inline __m128i i8a_reduce4x256_avx512_vnni(__m256i a0, __m256i a1, __m256
     return _mm_sub_epi32(x, corr);
 }
 
-/* K row r of the span: at k + r d in one run, else as the kdots pass found it in rows[r]. */
-static inline const int8_t *i8a_krow_at_avx512_vnni(const i8a_span *kv, const int8_t *const *rows,
-                                                    size_t r, size_t d, int one_run)
-{
-    return one_run ? kv->k + r * d : rows[r];
-}
-
 /* Exact dots of every query head's planes with rows [0, n), four rows at a time (see
  * i8a_kdots_avx2): dh[j * I8A_CHUNK + s], dl[...]. 256-bit vpdpbusd: on cores that split
  * 512-bit operations it costs the same per byte, and its row sums reduce in half the steps. */
@@ -58,10 +51,9 @@ I8A_INLINE void i8a_kdots_rows_avx512_vnni(const i8a_query *q, const i8a_span *k
     const size_t d = q->d, n = kv->n;
     const int two = q->two_planes;
     const __m256i bias = _mm256_set1_epi8((char)0x80);
-    /* rows in blocks: each row's address once for all heads (the head loop is outside) */
-    const int8_t *rows[I8A_CHUNK];
-    for (size_t s = 0; !one_run && s < n; s++)
-        rows[s] = i8a_krow(kv, s, d);
+    const int8_t *rows[I8A_CHUNK];              /* rows in blocks: found once for all heads */
+    if (!one_run)
+        i8a_krows(kv, d, rows);
     for (size_t j = 0; j < q->nq; j++) {
         const int8_t *qh = q->q_hi + j * d, *ql = q->q_lo + j * d;
         const __m128i ch = _mm_set1_epi32(128 * i8a_qsum_avx512_vnni(qh, d));
@@ -71,13 +63,10 @@ I8A_INLINE void i8a_kdots_rows_avx512_vnni(const i8a_query *q, const i8a_span *k
             if (j == 0 && s < kv->next_n) /* the next chunk's K, one group of rows per group */
                 i8a_prefetch_rows(i8a_next_krow_of(kv, s, d, one_run),
                                   (kv->next_n - s < 4 ? kv->next_n - s : 4) * d);
-            const int8_t *k0 = i8a_krow_at_avx512_vnni(kv, rows, s, d, one_run);
-            const int8_t *k1 = i8a_krow_at_avx512_vnni(kv, rows, s + 1 < n ? s + 1 : n - 1, d,
-                                                         one_run);
-            const int8_t *k2 = i8a_krow_at_avx512_vnni(kv, rows, s + 2 < n ? s + 2 : n - 1, d,
-                                                         one_run);
-            const int8_t *k3 = i8a_krow_at_avx512_vnni(kv, rows, s + 3 < n ? s + 3 : n - 1, d,
-                                                         one_run);
+            const int8_t *k0 = i8a_krow_of(kv, rows, s, d, one_run);
+            const int8_t *k1 = i8a_krow_of(kv, rows, s + 1 < n ? s + 1 : n - 1, d, one_run);
+            const int8_t *k2 = i8a_krow_of(kv, rows, s + 2 < n ? s + 2 : n - 1, d, one_run);
+            const int8_t *k3 = i8a_krow_of(kv, rows, s + 3 < n ? s + 3 : n - 1, d, one_run);
             __m256i h0 = _mm256_setzero_si256(), h1 = h0, h2 = h0, h3 = h0;
             __m256i l0 = h0, l1 = h0, l2 = h0, l3 = h0;
             for (size_t i = 0; i < d; i += 32) {
