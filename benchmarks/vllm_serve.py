@@ -25,15 +25,15 @@ calls interleaved (below), hot and cold, at 1 and 2 threads:
 - ``probe``: ``int8attn._cache._stream_read`` of a contiguous rotated cache of all the batch's
   tokens (the bytes the pool reads), with the threads a decode of it plans.
 
-(b) **The engine**: to come with the vLLM plugin (``int8attn.vllm``); the report keeps an
-``engine`` entry, null until then.
+(b) **The engine**: benchmarks/vllm_engine.py (vLLM end to end with the plugin).
 
 (c) **KV capacity**: bytes per token per layer of each KV cache dtype and the tokens that fit in
 ``VLLM_CPU_KVCACHE_SPACE`` for a Llama-3-8B-like model and for Gemma 3 270M.
 
 Method (as benchmarks/run.py and int8attn._bench): every time is one call from Python; the
-figures are medians of one run. Each implementation holds a round robin of copies of its cache
-whose total is at least 8x the last-level cache (``_bench.cold_copies``). A round calls each
+figures are medians of one run. Each implementation holds a round robin of copies of its cache;
+all the implementations' copies together are at least 8x the last-level cache
+(``_bench.cold_copies``). A round calls each
 implementation twice and times the second call: ``hot`` on the same copy twice (the timed call
 finds it in the CPU's caches as far as it fits; the copy changes from round to round, so where
 one buffer landed in memory does not decide the figure: that moved a hot ratio by 10% from one
@@ -239,7 +239,7 @@ class Vllm:
 
 def build(case, seed=0):
     """Every implementation of IMPLS over the same rows, each with its cold copies
-    (``_bench.cold_copies`` of its bytes); and the rows: k, v float32 [seqs, tokens, Hkv, D],
+    (``_bench.cold_copies`` of its bytes, the set shared by all of them); and the rows: k, v float32 [seqs, tokens, Hkv, D],
     q float32 [seqs, H, D]."""
     rng = np.random.default_rng(seed)
     shape = (case.seqs, case.tokens, case.hkv, case.d)
@@ -247,7 +247,8 @@ def build(case, seed=0):
     v = rng.standard_normal(shape, dtype=np.float32)
     q = rng.standard_normal((case.seqs, case.h, case.d), dtype=np.float32)
     rows = case.seqs * case.tokens * case.hkv            # (token, kv head) rows of K and V
-    n8 = _bench.cold_copies(rows * (2 * case.d + 8))
+    share = len(IMPLS)                  # every implementation's copies pass between two calls
+    n8 = _bench.cold_copies(rows * (2 * case.d + 8), share)
     impls = {
         "paged128": Paged(case, k, v, q, 128, n8, rng),
         "paged16": Paged(case, k, v, q, 16, n8, rng),
@@ -256,7 +257,7 @@ def build(case, seed=0):
     }
     for kind, (_, _, elem) in VLLM_KINDS.items():
         nbytes = rows * 2 * case.d * elem.itemsize
-        impls[kind] = Vllm(case, k, v, q, kind, _bench.cold_copies(nbytes), rng)
+        impls[kind] = Vllm(case, k, v, q, kind, _bench.cold_copies(nbytes, share), rng)
     impls["probe"] = Probe(case, k, v, n8)
     return impls, (k, v, q)
 
@@ -482,7 +483,6 @@ def main(argv=None):
                                   "omp_wait_policy": os.environ["OMP_WAIT_POLICY"]})
     rep["versions"]["vllm"] = vllm.__version__
     rep["capacity"] = {"space_bytes": space, "models": models, "rows": cap}
-    rep["engine"] = None                    # (b): the engine with int8attn.vllm, to come
     rep["load_average"] = {"start": load_start, "end": os.getloadavg()}
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                    "vllm_serve-" + rep["created"].replace(":", "") + ".json")
@@ -496,8 +496,7 @@ def main(argv=None):
           f"{load_start[0]:.1f} at the start, {rep['load_average']['end'][0]:.1f} at the end; "
           f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
     print_kernels(results)
-    print("\n### (b) the engine\n\nTo come with the vLLM plugin (int8attn.vllm): the engine's "
-          "decode throughput and its own reported KV capacity.")
+    print("\n### (b) the engine\n\nbenchmarks/vllm_engine.py: vLLM end to end with the plugin.")
     print_capacity(cap, space)
     print(f"\nreport: {out}")
 

@@ -13,3 +13,12 @@ def test_the_last_level_cache_is_read_past_other_files(tmp_path):
     (tmp_path / "index9").mkdir()                      # no size: skipped
     assert _bench.llc_bytes(str(tmp_path)) == 491520 << 10
     assert _bench.llc_bytes(str(tmp_path / "absent")) == 32 << 20
+
+
+def test_interleaved_implementations_share_the_cold_working_set(monkeypatch):
+    """Eight implementations of a 480 MiB last-level cache each holding 8x of it asked for 30 GiB
+    (vllm_serve.py died of the OOM killer); with share, their copies total the 8x between them."""
+    monkeypatch.setattr(_bench, "llc_bytes", lambda: 480 << 20)
+    assert _bench.cold_copies(100 << 20) == 39                 # 3840 MiB of 100 MiB copies
+    assert _bench.cold_copies(100 << 20, share=8) == 5         # 480 MiB each, 3840 MiB in all
+    assert _bench.cold_copies(4 << 30, share=8) == 2           # never fewer than two

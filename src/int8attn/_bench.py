@@ -99,10 +99,13 @@ def llc_bytes(base="/sys/devices/system/cpu/cpu0/cache"):
     return best or 32 << 20
 
 
-def cold_copies(nbytes):
-    """How many separate caches make a working set of at least eight last-level caches (a VM's
-    vCPUs may sit on different dies, each with its own last-level cache)."""
-    return max(2, math.ceil(8 * llc_bytes() / nbytes))
+def cold_copies(nbytes, share=1):
+    """How many separate caches of nbytes make a working set of at least eight last-level
+    caches (a VM's vCPUs may sit on different dies, each with its own last-level cache), at
+    least 2. share: how many implementations interleave their calls, each with its own copies:
+    all of theirs pass between two calls on one copy, so each needs 1 / share of the set (with
+    8 of them each holding 8x, a 480 MiB last-level cache asked for 30 GiB)."""
+    return max(2, math.ceil(8 * llc_bytes() / share / nbytes))
 
 
 def _timed(fn, copies, min_reps, budget):

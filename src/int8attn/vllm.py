@@ -13,6 +13,7 @@ block is int8attn's own (rotated rows), not the Triton backend's.
 
 The only module of int8attn that imports vLLM (torch: this one and int8attn.hf).
 """
+import threading
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -209,7 +210,8 @@ class Int8AttnImpl(AttentionImpl[Int8AttnMetadata]):
         if kv_cache.numel() == 0:
             return
         n = slot_mapping.shape[0]
-        self.pool(kv_cache).write(slot_mapping.numpy(), _f32(key[:n]), _f32(value[:n]))
+        self.pool(kv_cache).write(slot_mapping.numpy(), _f32(key[:n], "k"),
+                                  _f32(value[:n], "v"))
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                 output_scale=None, output_block_scale=None):
@@ -223,18 +225,40 @@ class Int8AttnImpl(AttentionImpl[Int8AttnMetadata]):
         n = m.num_actual_tokens
         out = output[:n]
         direct = out.dtype == torch.float32 and out.is_contiguous()
-        result = self.pool(kv_cache).attend(
-            np.ascontiguousarray(_f32(query[:n])), m.query_start, m.seq_lens, m.block_table,
-            scale=self.scale, window=self.sliding_window, softcap=self.logits_soft_cap,
-            out=out.numpy() if direct else None)
+        target = out.numpy() if direct else _scratch("out", out.shape)
+        self.pool(kv_cache).attend(_f32(query[:n], "q"), m.query_start, m.seq_lens,
+                                   m.block_table, scale=self.scale, window=self.sliding_window,
+                                   softcap=self.logits_soft_cap, out=target)
         if not direct:
-            out.copy_(torch.from_numpy(result))
+            out.copy_(torch.from_numpy(target))
         return output
 
 
-def _f32(x: torch.Tensor) -> np.ndarray:
-    """A float32 numpy view of a CPU tensor (a copy only when its dtype is another)."""
-    return (x if x.dtype == torch.float32 else x.float()).numpy()
+# Float32 copies of a step's q, k, v and out under a bf16/fp16 model, in buffers kept per thread
+# and grown as needed: allocating them per layer and step cost page faults of fresh memory (a
+# batch's q is often above malloc's mmap threshold), as much as the attention itself at Gemma 3
+# 270M's shape with 32 sequences. Each is dead once the layer's call returns.
+_scratch_space = threading.local()
+
+
+def _scratch(name, shape) -> np.ndarray:
+    """A float32 C-contiguous array of `shape` (contents undefined), this thread's `name`."""
+    need = int(np.prod(shape))
+    buf = getattr(_scratch_space, name, None)
+    if buf is None or buf.size < need:
+        buf = np.empty(max(need, 2 * (0 if buf is None else buf.size)), np.float32)
+        setattr(_scratch_space, name, buf)
+    return buf[:need].reshape(shape)
+
+
+def _f32(x: torch.Tensor, name: str) -> np.ndarray:
+    """A float32 C-contiguous numpy array of a CPU tensor: a view when it already is one, else
+    a copy into this thread's scratch `name`."""
+    if x.dtype == torch.float32 and x.is_contiguous():
+        return x.numpy()
+    a = _scratch(name, tuple(x.shape))
+    torch.from_numpy(a).copy_(x)
+    return a
 
 
 def _serves(cfg):
