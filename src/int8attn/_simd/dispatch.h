@@ -135,17 +135,26 @@ static inline const int8_t *i8a_vtile(const i8a_span *kv, size_t t, size_t d)
                                     kv->vlead + I8A_V_TILE * t, d);
 }
 
+/* Of `want` rows of a span's blocks from `row` on (row counted from block 0's row 0), how many
+ * lie in row's block: 1 .. want (want >= 1). The one rule of the runs below and of the engine's
+ * scale gathering. */
+static inline size_t i8a_rows_in_block(const i8a_span *kv, size_t row, size_t want)
+{
+    const size_t rows = (size_t)1 << kv->block_shift;
+    const size_t left = rows - (row & (rows - 1));                  /* rows left in its block */
+    return left < want ? left : want;
+}
+
 /* The run of V tiles from tile t on that lie in one block (all of them in one run): returns
  * how many (1 .. tiles - t), tile t's address in *x; tile t + u is then at *x + u * 4 d. The V
  * passes loop over runs, so a contiguous cache's loop is the one it always was. */
 static inline size_t i8a_vrun(const i8a_span *kv, size_t t, size_t tiles, size_t d,
                               const int8_t **x)
 {
-    const size_t row = kv->vlead + I8A_V_TILE * t;
-    const size_t rows = (size_t)1 << kv->block_shift;
-    const size_t left = (rows - (row & (rows - 1))) / I8A_V_TILE;    /* tiles left in its block */
     *x = i8a_vtile(kv, t, d);
-    return left < tiles - t ? left : tiles - t;
+    /* a block holds whole tiles, so its rows left from a tile's first are whole tiles too */
+    return i8a_rows_in_block(kv, kv->vlead + I8A_V_TILE * t, I8A_V_TILE * (tiles - t))
+           / I8A_V_TILE;
 }
 
 /* Row r (0 <= r < next_n) of the next span's K, and the tile holding it of its V, at 8 bits:
@@ -166,11 +175,8 @@ static inline const int8_t *i8a_next_vrow(const i8a_span *kv, size_t r, size_t d
  * how many (1 .. n - r), row r's address in *x; row r + u is then at *x + u * d. */
 static inline size_t i8a_krun(const i8a_span *kv, size_t r, size_t d, const int8_t **x)
 {
-    const size_t row = kv->lead + r;
-    const size_t rows = (size_t)1 << kv->block_shift;
-    const size_t left = rows - (row & (rows - 1));                  /* rows left in its block */
     *x = i8a_krow(kv, r, d);
-    return left < kv->n - r ? left : kv->n - r;
+    return i8a_rows_in_block(kv, kv->lead + r, kv->n - r);
 }
 
 /* rows[r] = K row r of a span at 8 bits, r < n: one block lookup per run, not per row (at 8/8 x

@@ -56,11 +56,11 @@ i8a_span i8a_span_rows(const i8a_cache *c, size_t g, size_t a, size_t b)
 static size_t paged_run(const i8a_paged *p, const i8a_span *span, size_t r, const uint8_t **block,
                         size_t *in_block)
 {
-    const size_t row = span->lead + r, at = row & (p->block_rows - 1);
-    const size_t left = p->block_rows - at;
-    *block = (const uint8_t *)span->k + (size_t)span->blocks[row >> p->block_shift] * p->block_bytes;
-    *in_block = at;
-    return left < span->n - r ? left : span->n - r;
+    const size_t row = span->lead + r;
+    *block = (const uint8_t *)span->k
+             + (size_t)span->blocks[row >> p->block_shift] * p->block_bytes;
+    *in_block = row & (p->block_rows - 1);
+    return i8a_rows_in_block(span, row, span->n - r);
 }
 
 /* Each run's K and V scales of a paged span: copied to buf (K's at buf, V's at buf +

@@ -119,9 +119,8 @@ I8A_INLINE void i8a_kdots_rows_avx2(const i8a_query *q, const i8a_span *kv, int3
     }
     for (; s < n; s++)
         for (size_t j = 0; j < q->nq; j++)
-            i8a_dot2_avx2(q->q_hi + j * d, q->q_lo + j * d, i8a_krow_of(kv, rows, s, d, one_run), d,
-                          two,
-                          dh + j * I8A_CHUNK + s, dl + j * I8A_CHUNK + s);
+            i8a_dot2_avx2(q->q_hi + j * d, q->q_lo + j * d, i8a_krow_of(kv, rows, s, d, one_run),
+                          d, two, dh + j * I8A_CHUNK + s, dl + j * I8A_CHUNK + s);
 }
 
 /* i8a_kdots_rows_avx2 with the span's layout a constant (one run: a contiguous cache). */
