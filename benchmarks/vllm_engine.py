@@ -140,11 +140,6 @@ def run_worker(model, kv, args, vocab):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def table(heads, rows):
-    lines = ["| " + " | ".join(heads) + " |", "|" + " --- |" * len(heads)]
-    return "\n".join(lines + ["| " + " | ".join(str(x) for x in r) + " |" for r in rows])
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -205,7 +200,7 @@ def main(argv=None):
             rows.append(cells)
         heads = ["prompt x concurrent"] + [LABEL[r["kv"]] for r in runs] + [
             f"{LABEL[r['kv']]} / int8attn (TPOT)" for r in runs[1:]]
-        print(table(heads, rows))
+        print(_bench.markdown_table(heads, rows, labels=len(heads)))
         print("\nengine KV capacity in " f"{SPACE_GIB} GiB: " + ", ".join(
             f"{LABEL[r['kv']]} {r['capacity_tokens']:,} tokens" for r in runs)
             + "; backends: " + ", ".join(f"{LABEL[r['kv']]} {'/'.join(r['impls'])}"

@@ -239,8 +239,8 @@ class Vllm:
 
 def build(case, seed=0):
     """Every implementation of IMPLS over the same rows, each with its cold copies
-    (``_bench.cold_copies`` of its bytes, the set shared by all of them); and the rows: k, v float32 [seqs, tokens, Hkv, D],
-    q float32 [seqs, H, D]."""
+    (``_bench.cold_copies`` of its bytes, the set shared by all of them); and the rows: k, v
+    float32 [seqs, tokens, Hkv, D], q float32 [seqs, H, D]."""
     rng = np.random.default_rng(seed)
     shape = (case.seqs, case.tokens, case.hkv, case.d)
     k = rng.standard_normal(shape, dtype=np.float32)
@@ -392,14 +392,7 @@ def capacity(models, space, block=VLLM_BLOCK):
 
 # -- output ---------------------------------------------------------------------------------
 
-def table(header, rows, labels=3):
-    """A markdown table: header cells, then rows of cells (the first `labels` columns left-
-    aligned, the numbers after them right-aligned)."""
-    lines = ["| " + " | ".join(header) + " |",
-             "| " + " | ".join("---" if i < labels else "---:" for i in range(len(header)))
-             + " |"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+table = _bench.markdown_table
 
 
 def print_kernels(results):

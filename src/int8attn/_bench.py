@@ -99,6 +99,16 @@ def llc_bytes(base="/sys/devices/system/cpu/cpu0/cache"):
     return best or 32 << 20
 
 
+def markdown_table(header, rows, labels=3):
+    """A markdown table: header cells, then rows of cells (the first `labels` columns left-
+    aligned, the numbers after them right-aligned)."""
+    lines = ["| " + " | ".join(header) + " |",
+             "| " + " | ".join("---" if i < labels else "---:" for i in range(len(header)))
+             + " |"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 def cold_copies(nbytes, share=1):
     """How many separate caches of nbytes make a working set of at least eight last-level
     caches (a VM's vCPUs may sit on different dies, each with its own last-level cache), at
