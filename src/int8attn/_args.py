@@ -365,7 +365,7 @@ def _torch_from_numpy(a):
 # -- the paged pool -----------------------------------------------------------------------
 
 def _paged_constructor(n_kv_heads, head_dim, block_size, num_blocks, *, buffer=None,
-                       rotation_seed=0):
+                       rotation_seed=0, open_blocks=0):
     """PagedKVCache's signature."""
 
 
@@ -380,6 +380,7 @@ class PagedOptions(NamedTuple):
     num_blocks: int
     buffer: object
     rotation_seed: int
+    open_blocks: int
 
 
 def paged_constructor(args, kwargs):
@@ -397,7 +398,19 @@ def paged_constructor(args, kwargs):
     if hkv * bs * (2 * d + 8) * blocks > INT_MAX:
         raise ValueError(f"num_blocks={blocks} blocks of {bs} positions with n_kv_heads={hkv}, "
                          f"head_dim={d} need more bytes than this platform can address")
-    return PagedOptions(hkv, d, bs, blocks, a["buffer"], seed)
+    opened = int_from(a["open_blocks"], "open_blocks", 0)
+    if opened >= 1 << 31 or hkv * bs * (4 * d + 8) * opened > INT_MAX:
+        raise ValueError(f"open_blocks={opened} entries of {bs} positions with n_kv_heads={hkv}, "
+                         f"head_dim={d} need more bytes than this platform can address")
+    return PagedOptions(hkv, d, bs, blocks, a["buffer"], seed, opened)
+
+
+def aligned_zeros(shape, dtype):
+    """A C-contiguous array of zeros of shape and dtype starting at a 64-byte boundary."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.zeros(nbytes + 64, np.uint8)
+    at = -raw.ctypes.data % 64
+    return raw[at:at + nbytes].view(dtype).reshape(shape)
 
 
 def paged_buffer(buffer, num_blocks, block_bytes):
@@ -406,9 +419,7 @@ def paged_buffer(buffer, num_blocks, block_bytes):
     torch tensor of 1-byte items, C-contiguous, exactly num_blocks * block_bytes bytes)."""
     nbytes = num_blocks * block_bytes
     if buffer is None:
-        raw = np.zeros(nbytes + 64, np.uint8)
-        at = -raw.ctypes.data % 64
-        return raw[at:at + nbytes].reshape(num_blocks, block_bytes)
+        return aligned_zeros((num_blocks, block_bytes), np.uint8)
     a = buffer
     if is_torch(buffer):
         if buffer.device.type != "cpu":

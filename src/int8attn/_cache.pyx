@@ -378,6 +378,7 @@ cdef class _Paged:
     cdef i8a_paged _p
     cdef object _mem                          # uint8 [num_blocks, block_bytes], 64-byte aligned
     cdef object _sign                         # [1, D] float32 +-1 of the rotation
+    cdef object _open                         # the open blocks' arrays (None without them)
     cdef int _busy
     cdef readonly object rotation_seed
 
@@ -390,6 +391,19 @@ cdef class _Paged:
         self._mem = mem
         i8a_paged_init(&self._p, <uint8_t *>_ptr(mem), o.num_blocks, o.n_kv_heads, o.head_dim,
                        o.block_size, <float *>_ptr(self._sign))
+        self._open = None
+        if o.open_blocks:
+            rows = (o.open_blocks, o.n_kv_heads, o.block_size)
+            # zeros: pages of entries never opened are never touched (an engine sizes for its
+            # most sequences and uses what it runs)
+            k, v = (_args.aligned_zeros(rows + (o.head_dim,), np.uint16) for _ in range(2))
+            ks, vs = (_args.aligned_zeros(rows, np.float32) for _ in range(2))
+            of = np.empty(o.num_blocks, np.int32)
+            entries = np.empty(o.open_blocks * sizeof(i8a_open_entry), np.uint8)
+            self._open = (k, v, ks, vs, of, entries)
+            i8a_paged_open(&self._p, o.open_blocks, <uint16_t *>_ptr(k), <uint16_t *>_ptr(v),
+                           <float *>_ptr(ks), <float *>_ptr(vs), <int32_t *>_ptr(of),
+                           <i8a_open_entry *>_ptr(entries))
         self.rotation_seed = o.rotation_seed
         self._busy = 0
 
@@ -420,6 +434,32 @@ cdef class _Paged:
     def block_bytes(self):
         """Bytes a block: n_kv_heads * block_size * (2 * head_dim + 8)."""
         return self._p.block_bytes
+
+    @property
+    def open_blocks(self):
+        """Entries for blocks not yet full whose rows the pool also keeps as halves (0: none)."""
+        return self._p.open_cap
+
+    @property
+    def open_nbytes(self):
+        """Bytes of those entries at most: open_blocks * n_kv_heads * block_size *
+        (4 * head_dim + 8) (beside the blocks; an entry's pages are touched when first used)."""
+        return self._p.open_cap * i8a_paged_open_bytes(self._p.n_kv_heads, self._p.head_dim,
+                                                       self._p.block_rows)
+
+    def _open_entries(self):
+        """{block: (first, top)} of the open entries (a test hook; the busy flag held)."""
+        if not i8a_is_taken(&self._busy):
+            raise RuntimeError("the pool's busy flag must be held (_enter) for this call")
+        cdef const i8a_open_entry *e
+        got = {}
+        if self._open is None:
+            return got
+        e = <const i8a_open_entry *>_ptr(self._open[5])
+        for i in range(self._p.open_cap):
+            if e[i].block >= 0:
+                got[e[i].block] = (e[i].first, e[i].top)
+        return got
 
     @property
     def buffer(self):

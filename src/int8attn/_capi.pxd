@@ -4,7 +4,7 @@ the engine's public API (_engine.h), the atomics (_guard.h) and the pool's limit
 Only what the front end reads is declared; the headers are the reference. At the end, the
 inline helpers that fill these structs from numpy arrays."""
 
-from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 
 cdef extern from "_simd/dispatch.h" nogil:
@@ -144,8 +144,12 @@ cdef extern from "_engine.h" nogil:
     void i8a_dequantize(const i8a_kernels *kt, const i8a_cache *c, float *k, float *v)
     void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n)
     uint64_t i8a_stream_read(const i8a_probe *probe, const i8a_cache *c, size_t threads)
+    ctypedef struct i8a_open_entry:
+        int32_t block
+        uint32_t first, top
+        uint64_t stamp
     ctypedef struct i8a_paged:
-        size_t blocks, n_kv_heads, head_dim, block_rows, block_bytes
+        size_t blocks, n_kv_heads, head_dim, block_rows, block_bytes, open_cap
     ctypedef struct i8a_paged_seq:
         const int32_t *blocks
         size_t length, t
@@ -153,7 +157,10 @@ cdef extern from "_engine.h" nogil:
     void i8a_paged_init(i8a_paged *p, uint8_t *base, size_t blocks, size_t n_kv_heads,
                         size_t head_dim, size_t block_rows, const float *sign)
     void i8a_paged_free_work(i8a_paged *p)
-    int i8a_paged_write(const i8a_kernels *kt, const i8a_paged *p, const int64_t *slots,
+    size_t i8a_paged_open_bytes(size_t n_kv_heads, size_t head_dim, size_t block_rows)
+    void i8a_paged_open(i8a_paged *p, size_t cap, uint16_t *k, uint16_t *v, float *ks,
+                        float *vs, int32_t *of, i8a_open_entry *entries)
+    int i8a_paged_write(const i8a_kernels *kt, i8a_paged *p, const int64_t *slots,
                         size_t n, const float *k, const float *v, size_t *bad)
     int i8a_paged_attend(const i8a_kernels *kt, i8a_paged *p, const i8a_paged_seq *seqs,
                          size_t n, const float *q, size_t h, const i8a_options *opt,

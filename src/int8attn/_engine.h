@@ -308,6 +308,13 @@ int i8a_prefill_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, con
  * [block_rows / 4][d][4] (dispatch.h), K's scales [block_rows] and V's [block_rows]. A
  * position's rows are written once, by slot (i8a_paged_write); a full block then never changes.
  * The pool's memory belongs to its owner (the front end, or the serving engine's tensor). */
+/* One entry of a pool's open blocks (i8a_paged_open): the halves of a block not yet full. */
+typedef struct {
+    int32_t block;              /* the block whose rows it holds; -1: free */
+    uint32_t first, top;        /* it holds the rows of offsets first .. top - 1 */
+    uint64_t stamp;             /* the pool's clock at its last write or attend */
+} i8a_open_entry;
+
 typedef struct i8a_paged {
     uint8_t *base;              /* [blocks][block_bytes], 64-byte aligned */
     size_t blocks, n_kv_heads, head_dim;
@@ -317,6 +324,13 @@ typedef struct i8a_paged {
     const float *sign;          /* [head_dim] the rotation's signs, or NULL: unrotated */
     void *work;                 /* the attends' workspace (64-byte aligned), grown by them */
     size_t work_bytes;
+    /* The open blocks (i8a_paged_open; open_cap 0: none): */
+    size_t open_cap;            /* entries */
+    uint16_t *open_k, *open_v;  /* [open_cap][n_kv_heads][block_rows][head_dim] halves */
+    float *open_ks, *open_vs;   /* [open_cap][n_kv_heads][block_rows] their rows' scales */
+    int32_t *open_of;           /* [blocks] the entry holding a block's rows, -1: none */
+    i8a_open_entry *open;       /* [open_cap] */
+    uint64_t clock;             /* counts the writes and attends */
 } i8a_paged;
 
 /* Bytes a block of a pool: n_kv_heads * block_rows * (2 head_dim + 8); 0 when it does not fit
@@ -332,13 +346,32 @@ void i8a_paged_init(i8a_paged *p, uint8_t *base, size_t blocks, size_t n_kv_head
 /* Free the workspace (the blocks belong to the pool's owner). */
 void i8a_paged_free_work(i8a_paged *p);
 
+/* Bytes of one open-block entry's halves and scales, K's and V's: n_kv_heads * block_rows *
+ * (4 head_dim + 8); 0 when it does not fit a size_t. */
+size_t i8a_paged_open_bytes(size_t n_kv_heads, size_t head_dim, size_t block_rows);
+
+/* Give the pool cap >= 1 entries of open blocks, over the caller's memory: k, v [cap][hkv]
+ * [block_rows][d] halves, ks, vs [cap][hkv][block_rows] floats (64-byte aligned), of [blocks]
+ * int32 and entries [cap] (any contents: all are set here to "none open"). From then on every
+ * row written is also kept as the recent window keeps a row (i8a_half_row of the row as given:
+ * halves and a power-of-two scale) in the entry of its block, opened by the block's first write
+ * (a write at offset 0 starts the block again: a new owner), and a query reads the rows of its
+ * own block from those halves, the earlier blocks from their codes (i8a_paged_attend). A
+ * serving engine never shares a block before it is full, so the rows a query reads as halves
+ * are its own sequence's. An entry is freed once the attend that reads its block's last
+ * position returns; when every entry is taken, a write that opens a block takes the entry used
+ * least recently (a block that loses its entry is read from its codes, from the next write into
+ * it on: what a query reads depends only on the writes before it). */
+void i8a_paged_open(i8a_paged *p, size_t cap, uint16_t *k, uint16_t *v, float *ks, float *vs,
+                    int32_t *of, i8a_open_entry *entries);
+
 /* Write n rows by slot: row i of k and of v ([n][hkv][d] float32 each) becomes the position
  * slots[i] % block_rows of block slots[i] / block_rows, coded as i8a_append codes a row of the
- * rotated format; a negative slot is skipped. Every other slot must be below blocks *
- * block_rows. Returns 0, or with the pool unchanged 1 / 2 when a row of k / v that is not
+ * rotated format (with open blocks, also as halves in its block's entry); a negative slot is
+ * skipped. Every other slot must be below blocks * block_rows. Returns 0, or with the pool unchanged 1 / 2 when a row of k / v that is not
  * skipped holds a NaN, an Inf or a value beyond +-I8A_VALUE_MAX, *bad = i * hkv + head of the
  * first (row order, k before v). */
-int i8a_paged_write(const i8a_kernels *kt, const i8a_paged *p, const int64_t *slots, size_t n,
+int i8a_paged_write(const i8a_kernels *kt, i8a_paged *p, const int64_t *slots, size_t n,
                     const float *k, const float *v, size_t *bad);
 
 /* One sequence of a paged attend. */
@@ -354,15 +387,22 @@ typedef struct {
  * contiguous cache holding the same rows (the same bits): sequence b's queries are t_b rows of
  * q [.][h][d] (sequence 0's first, then 1's, ...) and its outputs the same rows of out. Its
  * (kv head, chunk) items share the threads with every other sequence's (at most max_threads,
- * by the work of the whole batch). Requires n >= 1, h a multiple of hkv, i8a_decode's
- * conditions on opt. Returns 0, or with out untouched: i8a_decode's 1 / 2 with *bad the q row
- * (into q, all sequences' rows counted); 3 when the workspace cannot be allocated. */
+ * by the work of the whole batch). With open blocks (i8a_paged_open) the queries in each block
+ * form a view of their own, as a contiguous cache with a recent window of block_rows whose
+ * floats are held from the block's first held offset: a query reads the halves of its block's
+ * positions from there up to itself, and the codes before (a block whose entry does not hold
+ * every query's rows is read from its codes alone); the entries of blocks whose last position
+ * was a query are freed when the call returns 0. Requires n >= 1, h a multiple of hkv,
+ * i8a_decode's conditions on opt. Returns 0, or with out untouched and no entry changed:
+ * i8a_decode's 1 / 2 with *bad the q row (into q, all sequences' rows counted); 3 when memory
+ * cannot be allocated. */
 int i8a_paged_attend(const i8a_kernels *kt, i8a_paged *p, const i8a_paged_seq *seqs, size_t n,
                      const float *q, size_t h, const i8a_options *opt, size_t max_threads,
                      float *out, size_t *bad);
 
-/* The rows a sequence's attend reads, as floats: k and v [length][hkv][d] float32, code * scale
- * rotated back (i8a_dequantize's operations). blocks as in i8a_paged_seq. */
+/* The rows a query at the sequence's last position reads, as floats: k and v [length][hkv][d]
+ * float32, code * scale rotated back, and with open blocks its own block's held rows as their
+ * halves (i8a_dequantize's operations). blocks as in i8a_paged_seq. */
 void i8a_paged_dequantize(const i8a_kernels *kt, const i8a_paged *p, const int32_t *blocks,
                           size_t length, float *k, float *v);
 

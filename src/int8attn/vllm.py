@@ -9,10 +9,14 @@ in an ``int8attn.PagedKVCache`` laid over the layer's own cache tensor. Every ot
 vLLM's config only accepts the ``kv_cache_dtype`` names of its ``CacheDType`` literal (the
 selector asserts it), so the plugin serves the existing name whose bytes per token and kv head
 are ours (``2 * head_dim + 8``: int8 K and V codes, one float32 scale each). The format inside a
-block is int8attn's own (rotated rows), not the Triton backend's.
+block is int8attn's own (rotated rows), not the Triton backend's. Beside vLLM's cache each
+layer also keeps the rows of blocks not yet full in fp16 (``PagedKVCache``'s ``open_blocks``,
+sized by ``open_blocks()``; ``INT8ATTN_OPEN_BLOCKS=0`` turns it off): a query reads its own
+block's rows unquantized.
 
 The only module of int8attn that imports vLLM (torch: this one and int8attn.hf).
 """
+import os
 import threading
 from dataclasses import dataclass, replace
 
@@ -183,6 +187,7 @@ class Int8AttnImpl(AttentionImpl[Int8AttnMetadata]):
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self._pool = None
         self._pool_ptr = None
+        self._steps = _step_limits()
 
     def pool(self, kv_cache: torch.Tensor):
         """The layer's PagedKVCache, over the memory of `kv_cache` (int8
@@ -200,8 +205,13 @@ class Int8AttnImpl(AttentionImpl[Int8AttnMetadata]):
             check_block_size(block_size)
             buffer = kv_cache.view(torch.uint8).numpy().reshape(-1)
             self._pool = ia.PagedKVCache(heads, self.head_size, block_size, num_blocks,
-                                         buffer=buffer)
+                                         buffer=buffer,
+                                         open_blocks=open_blocks(*self._steps, block_size))
             self._pool_ptr = kv_cache.data_ptr()
+            if self._pool.open_blocks:
+                _log.info_once("int8attn keeps the rows of blocks not yet full also in fp16: "
+                               "up to %d blocks, %.1f MiB per layer beside vLLM's KV cache",
+                               self._pool.open_blocks, self._pool.open_nbytes / 2**20)
         return self._pool
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping):
@@ -232,6 +242,39 @@ class Int8AttnImpl(AttentionImpl[Int8AttnMetadata]):
         if not direct:
             out.copy_(torch.from_numpy(target))
         return output
+
+
+def _step_limits():
+    """(max_num_seqs, max_num_batched_tokens) of the engine being built (vLLM's defaults when no
+    config is current)."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    config = get_current_vllm_config_or_none()
+    sched = getattr(config, "scheduler_config", None)
+    return (getattr(sched, "max_num_seqs", None) or 256,
+            getattr(sched, "max_num_batched_tokens", None) or 8192)
+
+
+OPEN_BLOCKS_ENV = "INT8ATTN_OPEN_BLOCKS"
+
+
+def open_blocks(max_num_seqs, max_num_batched_tokens, block_size):
+    """The entries of a layer's open blocks (PagedKVCache's open_blocks): enough that no entry a
+    running request still reads is ever taken back. Each request holds at most one block not
+    yet full between steps, and a step's writes open at most ceil(T / block_size) + 1 blocks of
+    a request that brings T tokens: 2 max_num_seqs + ceil(max_num_batched_tokens / block_size).
+    INT8ATTN_OPEN_BLOCKS=N sets N instead (0: none; every position is read from its codes)."""
+    given = os.environ.get(OPEN_BLOCKS_ENV, "").strip()
+    if given:
+        try:
+            n = int(given)
+        except ValueError:
+            n = -1
+        if n < 0:
+            raise ValueError(f"{OPEN_BLOCKS_ENV} must be a count of blocks (0 or more), got "
+                             f"{given!r}")
+        return n
+    return 2 * max_num_seqs + -(-max_num_batched_tokens // block_size)
 
 
 # Float32 copies of a step's q, k, v and out under a bf16/fp16 model, in buffers kept per thread

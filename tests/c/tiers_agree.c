@@ -203,6 +203,113 @@ static size_t paged_differs(const i8a_kernels *kt, size_t *cases, uint64_t *sum)
     return diffs;
 }
 
+/* A pool with open blocks (i8a_paged_open, four entries): sequence 0 prefilled in chunks that
+ * cross blocks, then decoded token by token past a block's end; sequence 1 shares its first
+ * full block and prefills its own rows in one chunk beside sequence 0's decodes. Every output
+ * goes to out (n_out floats, *n_out set); returns nonzero when a call fails. The same rng state
+ * gives the same data on every tier. */
+static int open_run(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_t block_rows,
+                    const i8a_options *opt, float *out, size_t *n_out)
+{
+    static float sign[I8A_MAX_HEAD_DIM];
+    for (size_t i = 0; i < d; i++)
+        sign[i] = (i * 2654435761u) & 64 ? -1.0f : 1.0f;
+    enum { ENTRIES = 4, NB = 12 };
+    const size_t row = hkv * d, bb = i8a_paged_block_bytes(hkv, d, block_rows);
+    const size_t len0 = 3 * block_rows + 5, len1 = block_rows + 9, cells = hkv * block_rows;
+    uint8_t *base = i8a_alloc_aligned(NB * bb);
+    uint16_t *ok = i8a_alloc_aligned(2 * ENTRIES * cells * d * sizeof(uint16_t));
+    float *os = i8a_alloc_aligned(2 * ENTRIES * cells * sizeof(float));
+    int32_t of[NB];
+    i8a_open_entry entries[ENTRIES];
+    i8a_paged p;
+    i8a_paged_init(&p, base, NB, hkv, d, block_rows, sign);
+    i8a_paged_open(&p, ENTRIES, ok, ok + ENTRIES * cells * d, os, os + ENTRIES * cells, of,
+                   entries);
+    const int32_t table0[4] = {7, 2, 9, 4}, table1[2] = {7, 11};
+    float *k = malloc((len0 + len1) * row * sizeof(float));
+    float *v = malloc((len0 + len1) * row * sizeof(float));
+    float *q = malloc((len0 + len1) * h * d * sizeof(float));
+    for (size_t i = 0; i < (len0 + len1) * row; i++)
+        k[i] = gauss() + (float)(i % 3) - 1.0f, v[i] = gauss();
+    for (size_t i = 0; i < (len0 + len1) * h * d; i++)
+        q[i] = gauss();
+    memcpy(k + len0 * row, k, block_rows * row * sizeof(float));     /* the shared block */
+    memcpy(v + len0 * row, v, block_rows * row * sizeof(float));
+    int64_t slots[1024];
+    size_t bad = 0, done = 0, at = 0;
+    int rc = 0;
+    /* sequence 0: chunks [0, 7), [7, 2 B + 3), then one token at a time */
+    for (size_t a = 0; a < len0;) {
+        const size_t z = a == 0 ? 7 : a == 7 ? 2 * block_rows + 3 : a + 1;
+        for (size_t pos = a; pos < z; pos++)
+            slots[pos - a] = (int64_t)table0[pos / block_rows] * (int64_t)block_rows
+                             + (int64_t)(pos % block_rows);
+        rc |= i8a_paged_write(kt, &p, slots, z - a, k + a * row, v + a * row, &bad);
+        i8a_paged_seq seqs[2] = {{table0, z, z - a}, {table1, len1, len1 - block_rows}};
+        const int with1 = a == 7;                   /* sequence 1's own rows, beside */
+        if (with1) {
+            for (size_t pos = block_rows; pos < len1; pos++)
+                slots[pos - block_rows] = (int64_t)table1[1] * (int64_t)block_rows
+                                          + (int64_t)(pos - block_rows);
+            rc |= i8a_paged_write(kt, &p, slots, len1 - block_rows,
+                                  k + (len0 + block_rows) * row, v + (len0 + block_rows) * row,
+                                  &bad);
+        }
+        /* the step's queries: sequence 0's, then sequence 1's */
+        float *qq = malloc((z - a + (with1 ? len1 : 0)) * h * d * sizeof(float));
+        memcpy(qq, q + a * h * d, (z - a) * h * d * sizeof(float));
+        if (with1)
+            memcpy(qq + (z - a) * h * d, q + (len0 + block_rows) * h * d,
+                   (len1 - block_rows) * h * d * sizeof(float));
+        const size_t rows = (z - a + (with1 ? len1 - block_rows : 0)) * h;
+        rc |= i8a_paged_attend(kt, &p, seqs, with1 ? 2 : 1, qq, h, opt, 1 + done % 2,
+                               out + at * d, &bad);
+        at += rows;
+        done++;
+        free(qq);
+        a = z;
+    }
+    *n_out = at * d;
+    i8a_paged_free_work(&p);
+    i8a_free_aligned(base), i8a_free_aligned(ok), i8a_free_aligned(os);
+    free(k), free(v), free(q);
+    return rc;
+}
+
+/* The open-block runs of one tier against the scalar tier's, bit for bit: block sizes 16, 32 and
+ * 128, GQA, a window with sinks, the soft cap, both q widths. Adds the outputs to *sum; returns
+ * the runs that differ (or fail). */
+static size_t open_differs(const i8a_kernels *kt, const i8a_kernels *scalar, size_t *cases,
+                           uint64_t *sum)
+{
+    static const struct {
+        size_t h, hkv, d, rows, window, sinks;
+        float cap;
+    } oc[] = {
+        {8, 2, 64, 16, 0, 0, 0.0f},
+        {4, 1, 256, 32, 40, 3, 0.0f},
+        {6, 3, 96, 128, 0, 0, 30.0f},
+    };
+    size_t diffs = 0;
+    for (size_t i = 0; i < sizeof oc / sizeof oc[0]; i++)
+        for (int q_bits = 8; q_bits <= 16; q_bits += 8) {
+            const i8a_options opt = {0.11f, q_bits, oc[i].window, oc[i].sinks, oc[i].cap};
+            const size_t most = (5 * oc[i].rows + 14) * oc[i].h * oc[i].d;
+            float *a = malloc(most * sizeof(float)), *b = malloc(most * sizeof(float));
+            size_t na = 0, nb = 0;
+            const uint64_t seed = rng;
+            int rc = open_run(kt, oc[i].h, oc[i].hkv, oc[i].d, oc[i].rows, &opt, a, &na);
+            rng = seed;
+            rc |= open_run(scalar, oc[i].h, oc[i].hkv, oc[i].d, oc[i].rows, &opt, b, &nb);
+            *sum = digest(*sum, a, na * sizeof(float));
+            diffs += rc != 0 || na != nb || memcmp(a, b, na * sizeof(float)) != 0;
+            (*cases)++;
+            free(a), free(b);
+        }
+    return diffs;
+}
+
 /* The rotation alone, forward and inverse, out of place, at every block size: 1 if it differs. */
 static int rotation_differs(const i8a_kernels *kt, const i8a_kernels *scalar)
 {
@@ -320,6 +427,12 @@ int main(void)
         printf("%-14s paged pool: %zu cases, %zu sequences differ from a contiguous cache; "
                "outputs %016llx\n", t->name, paged_cases, paged, (unsigned long long)paged_sum);
         failed |= paged != 0;
+        size_t open_cases = 0;
+        uint64_t open_sum = 0xcbf29ce484222325ull;
+        const size_t open = open_differs(t, scalar, &open_cases, &open_sum);
+        printf("%-14s open blocks: %zu cases, %zu differ from scalar; outputs %016llx\n",
+               t->name, open_cases, open, (unsigned long long)open_sum);
+        failed |= open != 0;
         const int rot = rotation_differs(t, scalar);
         printf("%-14s %zu cases, %zu differ from scalar; rotation over 12 head dims %s; outputs "
                "%016llx\n", t->name, cases, diffs, rot ? "DIFFERS" : "agrees",

@@ -9,8 +9,10 @@ import numpy as np
 
 
 class PagedKVCache:
+    open_blocks = 0          # the stand-ins keep no rows in fp16 (open_blocks= is taken, unused)
+
     def __init__(self, n_kv_heads, head_dim, block_size, num_blocks, *, buffer=None,
-                 rotation_seed=0):
+                 rotation_seed=0, open_blocks=0):
         if block_size not in (16, 32, 64, 128, 256):
             raise ValueError(f"block_size: expected a power of two 16..256, got {block_size}")
         if head_dim % 16 or not 16 <= head_dim <= 1024:
@@ -20,7 +22,8 @@ class PagedKVCache:
         self.block_bytes = self.bytes_per_block(n_kv_heads, head_dim, block_size)
         size = num_blocks * self.block_bytes
         if buffer is None:
-            buffer = np.zeros(size, np.uint8)
+            raw = np.zeros(size + 64, np.uint8)
+            buffer = raw[-raw.ctypes.data % 64:][:size]
         if (not isinstance(buffer, np.ndarray) or buffer.dtype != np.uint8
                 or buffer.size != size or not buffer.flags.c_contiguous
                 or not buffer.flags.writeable):
@@ -70,30 +73,46 @@ class PagedKVCache:
     def attend(self, q, query_start, seq_lens, block_table, *, scale=None, window=None,
                sinks=0, softcap=None, q_bits=16, out=None):
         q = np.asarray(q, np.float32)
-        nq, h, d = q.shape
-        group = h // self.n_kv_heads
-        scale = d ** -0.5 if scale is None else scale
+        options = dict(scale=q.shape[2] ** -0.5 if scale is None else scale, window=window,
+                       sinks=sinks, softcap=softcap, q_bits=q_bits)
         if out is None:
             out = np.empty_like(q)
         for b in range(len(seq_lens)):
             lo, hi, n = int(query_start[b]), int(query_start[b + 1]), int(seq_lens[b])
-            if hi == lo:
-                continue
-            k, v = self.dequantize(block_table[b], n)
-            k, v = np.repeat(k, group, 1), np.repeat(v, group, 1)         # [n, H, D]
-            qpos = n - (hi - lo) + np.arange(hi - lo)
-            logits = np.einsum("thd,nhd->htn", q[lo:hi], k) * scale
-            if softcap:
-                logits = softcap * np.tanh(logits / softcap)
-            kpos = np.arange(n)
-            seen = kpos[None, :] <= qpos[:, None]
-            if window is not None:
-                seen &= (kpos[None, :] > qpos[:, None] - window) | (kpos[None, :] < sinks)
-            logits = np.where(seen[None], logits, -np.inf)
-            w = np.exp(logits - logits.max(-1, keepdims=True))
-            w /= w.sum(-1, keepdims=True)
-            out[lo:hi] = np.einsum("htn,nhd->thd", w, v)
+            if hi > lo:
+                out[lo:hi] = self.attend_one(q[lo:hi], block_table[b], n, **options)
         return out
+
+    def attend_one(self, q, blocks, n, *, scale, window, sinks, softcap, q_bits):
+        """One sequence's queries q [T, H, D] (its last T positions) over its n positions."""
+        k, v = self.dequantize(blocks, n)
+        w = weights(np.einsum("thd,nhd->htn", q, by_head(k, q)) * scale, n, window, sinks,
+                    softcap)
+        return np.einsum("htn,nhd->thd", w, by_head(v, q))
+
+
+def by_head(x, q):
+    """Rows x [n, Hkv, D] repeated for q's [T, H, D] query heads (GQA): [n, H, D]."""
+    return np.repeat(x, q.shape[1] // x.shape[1], 1)
+
+
+def positions(t, n):
+    """The positions of a sequence's last t queries [t, 1] and of its n rows [1, n]."""
+    return (n - t + np.arange(t))[:, None], np.arange(n)[None, :]
+
+
+def weights(logits, n, window, sinks, softcap):
+    """Softmax weights [H, T, n] of the logits [H, T, n] of a sequence's last T queries over its
+    n positions: soft cap, causal mask, window with sinks."""
+    if softcap:
+        logits = softcap * np.tanh(logits / softcap)
+    qpos, kpos = positions(logits.shape[1], n)
+    seen = kpos <= qpos
+    if window is not None:
+        seen &= (kpos > qpos - window) | (kpos < sinks)
+    logits = np.where(seen[None], logits, -np.inf)
+    w = np.exp(logits - logits.max(-1, keepdims=True))
+    return w / w.sum(-1, keepdims=True)
 
 
 class ExactPool(PagedKVCache):
@@ -118,3 +137,73 @@ class ExactPool(PagedKVCache):
         pos = np.arange(length)
         slots = np.asarray(blocks)[pos // self.block_size] * self.block_size + pos % self.block_size
         return self._exact[0, slots], self._exact[1, slots]
+
+
+class FormatPool(ExactPool):
+    """The pool that attends each sequence through a contiguous int8attn ``KVCache`` of the
+    format ``options`` (KVCache's keyword arguments), made anew at every call from the
+    sequence's exact rows: the rows before the call's queries appended, then the queries'
+    own rows prefilled with them. What that format of int8attn's contiguous cache (its real
+    kernels, its float rows and window) would give inside the engine, whatever fits a block:
+    examples/vllm_gemma3.py's format rows. Slow (each call appends the whole history)."""
+
+    options: dict = {}
+
+    def attend_one(self, q, blocks, n, *, scale, window, sinks, softcap, q_bits):
+        import int8attn as ia
+
+        k, v = self.dequantize(blocks, n)
+        t = len(q)
+        cache = ia.KVCache(self.n_kv_heads, n, self.head_dim, **self.options)
+        if n > t:
+            cache.append(k[:n - t], v[:n - t])
+        return cache.prefill(k[n - t:], v[n - t:], q, scale=scale, q_bits=q_bits, window=window,
+                             sinks=sinks, softcap=softcap)
+
+
+class FreshRowsPool(ExactPool):
+    """Rotated int8 rows (int8attn's ``FORMATS["rotated"]``, dequantized) except where
+    ``fresh(query position, row position)`` holds: there the row is read in fp16 (the exact row
+    rounded to float16). Attention in float64 numpy: a format study inside the engine, not
+    int8attn's kernels. ``fresh`` is a class attribute: the newest W positions of each query
+    (``window_rows(W)``), or the rows of the query's own block (``own_block``): the rows
+    a pool keeps in fp16 beside its blocks until their block is full (``open_blocks``)."""
+
+    @staticmethod
+    def fresh(qpos, kpos):
+        raise NotImplementedError
+
+    def attend_one(self, q, blocks, n, *, scale, window, sinks, softcap, q_bits):
+        import int8attn as ia
+
+        k, v = self.dequantize(blocks, n)
+        coded = ia.KVCache(self.n_kv_heads, n, self.head_dim, **ia.FORMATS["rotated"])
+        coded.append(k, v)
+        kq, vq = coded.dequantize()
+        kh, vh = (x.astype(np.float16).astype(np.float64) for x in (k, v))
+        fresh = self.fresh(*positions(len(q), n))[None]                  # [1, t, n]
+        qq = q.astype(np.float64) * scale
+        w = weights(np.where(fresh, np.einsum("thd,nhd->htn", qq, by_head(kh, q)),
+                             np.einsum("thd,nhd->htn", qq, by_head(kq, q))), n, window, sinks,
+                    softcap)
+        return (np.einsum("htn,nhd->thd", np.where(fresh, w, 0), by_head(vh, q))
+                + np.einsum("htn,nhd->thd", np.where(fresh, 0, w), by_head(vq, q)))
+
+
+def window_rows(w):
+    """A FreshRowsPool whose queries read their newest `w` positions in fp16."""
+    return type(f"Window{w}Pool", (FreshRowsPool,),
+                {"fresh": staticmethod(lambda qpos, kpos: kpos > qpos - w)})
+
+
+def own_block(block_size):
+    """A FreshRowsPool whose queries read the rows of their own block (of `block_size`
+    positions: those written since it began) in fp16."""
+    return type(f"OwnBlock{block_size}Pool", (FreshRowsPool,),
+                {"fresh": staticmethod(lambda qpos, kpos: kpos >= qpos // block_size
+                                       * block_size)})
+
+
+def format_pool(**options):
+    """A FormatPool of int8attn's contiguous format `options` (KVCache's keyword arguments)."""
+    return type("FormatPool", (FormatPool,), {"options": options})

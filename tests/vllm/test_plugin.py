@@ -98,3 +98,21 @@ def test_the_rest_of_int8attn_imports_neither_torch_nor_vllm():
     code = ("import sys, int8attn, int8attn.reference; "
             "assert not {'torch', 'vllm'} & set(sys.modules), 'imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_each_layer_keeps_its_open_blocks_in_fp16(monkeypatch):
+    # 2 per sequence that may hold one between steps and one more a step may open, and a step's
+    # tokens spread over blocks; the environment sets another count or none
+    assert iv.open_blocks(256, 8192, 128) == 2 * 256 + 64
+    assert iv.open_blocks(4, 100, 16) == 8 + 7
+    impl = iv.Int8AttnImpl(2, 32, 0.1, 2, kv_cache_dtype=PLUGIN)
+    cache = torch.zeros(5, 2, 16, 2 * 32 + 8, dtype=torch.int8)
+    seqs, tokens = impl._steps
+    assert impl.pool(cache).open_blocks == iv.open_blocks(seqs, tokens, 16)
+    monkeypatch.setenv(iv.OPEN_BLOCKS_ENV, "0")
+    assert iv.open_blocks(256, 8192, 128) == 0
+    fresh = iv.Int8AttnImpl(2, 32, 0.1, 2, kv_cache_dtype=PLUGIN)
+    assert fresh.pool(cache).open_blocks == 0
+    monkeypatch.setenv(iv.OPEN_BLOCKS_ENV, "many")
+    with pytest.raises(ValueError, match="INT8ATTN_OPEN_BLOCKS must be a count of blocks"):
+        iv.open_blocks(256, 8192, 128)

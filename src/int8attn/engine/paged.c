@@ -6,15 +6,20 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-size_t i8a_paged_block_bytes(size_t n_kv_heads, size_t head_dim, size_t block_rows)
+/* row * block_rows * n_kv_heads bytes, 0 when it does not fit a size_t. */
+static size_t block_of(size_t row, size_t n_kv_heads, size_t block_rows)
 {
-    const size_t row = 2 * head_dim + 8;            /* K and V codes, their two scales */
     if (block_rows && row > SIZE_MAX / block_rows)
         return 0;
     const size_t head = row * block_rows;
     if (n_kv_heads && head > SIZE_MAX / n_kv_heads)
         return 0;
     return head * n_kv_heads;
+}
+
+size_t i8a_paged_block_bytes(size_t n_kv_heads, size_t head_dim, size_t block_rows)
+{
+    return block_of(2 * head_dim + 8, n_kv_heads, block_rows);  /* K and V codes, 2 scales */
 }
 
 void i8a_paged_init(i8a_paged *p, uint8_t *base, size_t blocks, size_t n_kv_heads,
@@ -27,7 +32,7 @@ void i8a_paged_init(i8a_paged *p, uint8_t *base, size_t blocks, size_t n_kv_head
         shift++;
     const i8a_paged init = {base, blocks, n_kv_heads, head_dim, block_rows, shift,
                             i8a_paged_block_bytes(n_kv_heads, head_dim, block_rows), sign,
-                            NULL, 0};
+                            NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0};
     *p = init;
 }
 
@@ -36,6 +41,65 @@ void i8a_paged_free_work(i8a_paged *p)
     i8a_free_aligned(p->work);
     p->work = NULL;
     p->work_bytes = 0;
+}
+
+size_t i8a_paged_open_bytes(size_t n_kv_heads, size_t head_dim, size_t block_rows)
+{
+    return block_of(4 * head_dim + 8, n_kv_heads, block_rows);  /* K and V halves, 2 scales */
+}
+
+void i8a_paged_open(i8a_paged *p, size_t cap, uint16_t *k, uint16_t *v, float *ks, float *vs,
+                    int32_t *of, i8a_open_entry *entries)
+{
+    I8A_EXPECT(cap >= 1);
+    p->open_cap = cap;
+    p->open_k = k, p->open_v = v, p->open_ks = ks, p->open_vs = vs;
+    p->open_of = of;
+    p->open = entries;
+    for (size_t b = 0; b < p->blocks; b++)
+        of[b] = -1;
+    for (size_t e = 0; e < cap; e++) {
+        const i8a_open_entry none = {-1, 0, 0, 0};
+        entries[e] = none;
+    }
+}
+
+/* Entry e's halves (and scales) start at row e * hkv * block_rows of the open arrays. */
+static size_t open_row0(const i8a_paged *p, size_t e)
+{
+    return e * p->n_kv_heads * p->block_rows;
+}
+
+/* The entry that keeps the halves of offset `off` of `block`, about to be written: the block's
+ * own (its held run starts again at off unless off extends it or lies in it), else a free one,
+ * else the one used least recently, taken from its block. */
+static size_t open_for_write(i8a_paged *p, size_t block, size_t off)
+{
+    int32_t e = p->open_of[block];
+    if (e < 0) {
+        size_t pick = 0;
+        for (size_t i = 0; i < p->open_cap; i++) {
+            if (p->open[i].block < 0) {
+                pick = i;
+                break;
+            }
+            if (p->open[i].stamp < p->open[pick].stamp)
+                pick = i;
+        }
+        if (p->open[pick].block >= 0)
+            p->open_of[p->open[pick].block] = -1;
+        e = (int32_t)pick;
+        p->open_of[block] = e;
+        p->open[e].block = (int32_t)block;
+        p->open[e].first = p->open[e].top = (uint32_t)off;
+    }
+    i8a_open_entry *o = &p->open[e];
+    if (off == 0 || off < o->first || off > o->top)     /* a new owner, or a gap: start again */
+        o->first = o->top = (uint32_t)off;
+    if (off + 1 > o->top)
+        o->top = (uint32_t)(off + 1);
+    o->stamp = p->clock;
+    return (size_t)e;
 }
 
 /* A view of the pool as a cache of `length` positions in `blocks` (NULL: the whole pool, its
@@ -55,7 +119,7 @@ static i8a_cache view_of(const i8a_paged *p, const int32_t *blocks, size_t lengt
     return c;
 }
 
-int i8a_paged_write(const i8a_kernels *kt, const i8a_paged *p, const int64_t *slots, size_t n,
+int i8a_paged_write(const i8a_kernels *kt, i8a_paged *p, const int64_t *slots, size_t n,
                     const float *k, const float *v, size_t *bad)
 {
     const size_t hkv = p->n_kv_heads, d = p->head_dim, row = hkv * d;
@@ -85,8 +149,68 @@ int i8a_paged_write(const i8a_kernels *kt, const i8a_paged *p, const int64_t *sl
                              v_scale_of(&pool, g, pos));
             i8a_v_put(&pool, g, pos, vc);
         }
+        if (p->open_cap) {          /* the halves, as the recent window keeps the row */
+            const size_t off = pos & (p->block_rows - 1);
+            const size_t at = open_row0(p, open_for_write(p, pos >> p->block_shift, off)) + off;
+            for (size_t g = 0; g < hkv; g++) {
+                const size_t r = at + g * p->block_rows;
+                p->open_ks[r] = kt->half_row(k + i * row + g * d, d, p->open_k + r * d);
+                p->open_vs[r] = kt->half_row(v + i * row + g * d, d, p->open_v + r * d);
+            }
+        }
     }
+    p->clock++;
     return 0;
+}
+
+/* The view of a sequence's positions up to end (exclusive) whose last t are queries, all in one
+ * block: with that block's open entry as its recent window (block_rows long, floats held from
+ * the entry's first offset) when the entry holds the rows of every query, else codes alone. */
+static i8a_cache segment_view(const i8a_paged *p, const int32_t *blocks, size_t end, size_t t)
+{
+    i8a_cache c = view_of(p, blocks, end);
+    if (!p->open_cap)
+        return c;
+    const size_t j = (end - 1) >> p->block_shift, start = j << p->block_shift;
+    const int32_t e = p->open_of[blocks[j]];
+    if (e < 0 || start + p->open[e].first > end - t || start + p->open[e].top < end)
+        return c;
+    const size_t r = open_row0(p, (size_t)e);
+    c.recent = c.ring = p->block_rows;          /* position pos in slot pos % block_rows */
+    c.ring_shift = 0;
+    c.k_recent = p->open_k + r * p->head_dim;
+    c.v_recent = p->open_v + r * p->head_dim;
+    c.k_rscale = p->open_ks + r;
+    c.v_rscale = p->open_vs + r;
+    c.held_from = start + p->open[e].first;
+    return c;
+}
+
+/* The views a sequence's queries make: one per block its queries lie in with open blocks, else
+ * one. */
+static size_t segments_of(const i8a_paged *p, const i8a_paged_seq *s)
+{
+    if (!p->open_cap)
+        return 1;
+    return ((s->length - 1) >> p->block_shift) - ((s->length - s->t) >> p->block_shift) + 1;
+}
+
+/* After an attend: the entries of the views' blocks are used now; a block whose last position
+ * was a query is full, and its entry is freed. */
+static void open_after_attend(i8a_paged *p, i8a_cache *const *views, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const size_t end = views[i]->length, j = (end - 1) >> p->block_shift;
+        const int32_t block = views[i]->blocks[j], e = p->open_of[block];
+        if (e < 0)
+            continue;
+        p->open[e].stamp = p->clock;
+        if ((end & (p->block_rows - 1)) == 0) {
+            p->open_of[block] = -1;
+            p->open[e].block = -1;
+        }
+    }
+    p->clock++;
 }
 
 int i8a_paged_attend(const i8a_kernels *kt, i8a_paged *p, const i8a_paged_seq *seqs, size_t n,
@@ -94,14 +218,19 @@ int i8a_paged_attend(const i8a_kernels *kt, i8a_paged *p, const i8a_paged_seq *s
                      float *out, size_t *bad)
 {
     I8A_EXPECT(n >= 1);
+    size_t nv = 0;
+    for (size_t b = 0; b < n; b++) {
+        I8A_EXPECT(seqs[b].t >= 1 && seqs[b].t <= seqs[b].length);
+        nv += segments_of(p, seqs + b);
+    }
     i8a_cache stack_views[I8A_BATCH_STACK], *stack_ptrs[I8A_BATCH_STACK] = {0};
     size_t stack_ts[I8A_BATCH_STACK] = {0};
     i8a_cache *views = stack_views, **ptrs = stack_ptrs;
     size_t *ts = stack_ts;
-    if (n > I8A_BATCH_STACK) {
-        views = (i8a_cache *)malloc(n * sizeof *views);
-        ptrs = (i8a_cache **)malloc(n * sizeof *ptrs);
-        ts = (size_t *)malloc(n * sizeof *ts);
+    if (nv > I8A_BATCH_STACK) {
+        views = (i8a_cache *)malloc(nv * sizeof *views);
+        ptrs = (i8a_cache **)malloc(nv * sizeof *ptrs);
+        ts = (size_t *)malloc(nv * sizeof *ts);
         if (!views || !ptrs || !ts) {
             free(views);
             free(ptrs);
@@ -109,21 +238,30 @@ int i8a_paged_attend(const i8a_kernels *kt, i8a_paged *p, const i8a_paged_seq *s
             return 3;
         }
     }
+    /* a sequence's queries in order, cut at block ends (q's and out's rows stay in order) */
+    size_t v = 0;
     for (size_t b = 0; b < n; b++) {
-        I8A_EXPECT(seqs[b].t >= 1 && seqs[b].t <= seqs[b].length);
-        views[b] = view_of(p, seqs[b].blocks, seqs[b].length);
-        ptrs[b] = views + b;
-        ts[b] = seqs[b].t;
+        const size_t rows = p->open_cap ? p->block_rows : seqs[b].length;
+        for (size_t pos = seqs[b].length - seqs[b].t; pos < seqs[b].length; v++) {
+            const size_t edge = (pos / rows + 1) * rows;
+            const size_t end = edge < seqs[b].length ? edge : seqs[b].length;
+            views[v] = segment_view(p, seqs[b].blocks, end, end - pos);
+            ptrs[v] = views + v;
+            ts[v] = end - pos;
+            pos = end;
+        }
     }
     /* the views decode in slices of the pool's workspace, which it keeps for the next call */
     i8a_cache owner;
     memset(&owner, 0, sizeof owner);
     owner.work = p->work;
     owner.work_bytes = p->work_bytes;
-    const int rc = i8a_decode_views(kt, ptrs, n, q, 0, ts, h, opt, max_threads, out, bad, &owner);
+    const int rc = i8a_decode_views(kt, ptrs, nv, q, 0, ts, h, opt, max_threads, out, bad, &owner);
     p->work = owner.work;
     p->work_bytes = owner.work_bytes;
-    if (n > I8A_BATCH_STACK) {
+    if (rc == 0 && p->open_cap)
+        open_after_attend(p, ptrs, nv);
+    if (nv > I8A_BATCH_STACK) {
         free(views);
         free(ptrs);
         free(ts);
@@ -134,6 +272,6 @@ int i8a_paged_attend(const i8a_kernels *kt, i8a_paged *p, const i8a_paged_seq *s
 void i8a_paged_dequantize(const i8a_kernels *kt, const i8a_paged *p, const int32_t *blocks,
                           size_t length, float *k, float *v)
 {
-    const i8a_cache c = view_of(p, blocks, length);
+    const i8a_cache c = segment_view(p, blocks, length, 1);
     i8a_dequantize(kt, &c, k, v);
 }

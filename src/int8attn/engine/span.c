@@ -95,12 +95,18 @@ void i8a_gather_scales(const i8a_cache *c, i8a_span *span, float *buf)
 
 void i8a_prefetch_scales(const i8a_cache *c, const i8a_span *next)
 {
-    if (c->paged)
+    if (c->paged && next->n && !i8a_one_run(next))  /* a chunk of blocks, not the window */
         paged_scales(c->paged, next, NULL);
 }
 
 void i8a_hint_next(i8a_span *span, const i8a_span *next)
 {
+    /* the hints are read with this span's block layout: a next span laid out otherwise (a
+     * paged view's window after its chunks: one run) gets none */
+    if (next->block_shift != span->block_shift) {
+        span->next_n = 0;
+        return;
+    }
     span->next_k = next->k4 ? (const int8_t *)next->k4 : next->k;
     span->next_v = next->v4 ? (const int8_t *)next->v4 : next->v;
     span->next_blocks = next->blocks ? next->blocks : i8a_one_block;
