@@ -61,13 +61,15 @@ class Seqs:
 
     def reference(self, b, pos, **options):
         """float64 attention of query pos of sequence b: its block's rows from pos's block start
-        as halves, the rest dequantized codes (a pool without open blocks dequantizes them)."""
+        as halves, and position 0 (kept apart once the first block is full), the rest
+        dequantized codes (a pool without open blocks dequantizes them)."""
         plain = ia.PagedKVCache(self.hkv, self.d, self.bs, self.num_blocks)
         plain.write(self.slots(b, 0, pos + 1), self.k[b][:pos + 1], self.v[b][:pos + 1])
         k, v = plain.dequantize(self.table[b], pos + 1)
-        start = pos // self.bs * self.bs
-        k[start:], v[start:] = R.half_rows(self.k[b][start:pos + 1]), R.half_rows(
-            self.v[b][start:pos + 1])
+        for start in {0, pos // self.bs * self.bs}:
+            end = pos + 1 if start == pos // self.bs * self.bs else 1
+            k[start:end] = R.half_rows(self.k[b][start:end])
+            v[start:end] = R.half_rows(self.v[b][start:end])
         return R.attention(self.q[b][pos:pos + 1], k, v, **options)[0]
 
 
@@ -205,9 +207,57 @@ def test_a_refused_call_changes_no_entry():
 def test_open_blocks_is_checked_and_reported():
     pool = ia.PagedKVCache(2, 64, 32, 5, open_blocks=3)
     assert pool.open_blocks == 3
-    assert pool.open_nbytes == 3 * 2 * 32 * (4 * 64 + 8)
+    assert pool.open_nbytes == 3 * 2 * 32 * (4 * 64 + 8) + 5 * (8 * 2 * 64 + 1)
     assert ia.PagedKVCache(2, 64, 32, 5).open_blocks == 0
     with pytest.raises(ValueError, match="open_blocks must be at least 0, got -1"):
         ia.PagedKVCache(2, 64, 32, 5, open_blocks=-1)
     with pytest.raises(TypeError, match="open_blocks must be an int"):
         ia.PagedKVCache(2, 64, 32, 5, open_blocks=1.5)
+
+
+def first_held(pool):
+    pool._enter()
+    try:
+        return pool._first_held()
+    finally:
+        pool._leave()
+
+
+def test_a_sequences_position_0_is_kept_apart_once_its_first_block_is_full():
+    rng = np.random.default_rng(8)
+    seqs = Seqs(rng, 2, 32, 16, (40, 40), 4, open_blocks=4)
+    pool = seqs.pool()
+    first = int(seqs.table[0, 0])
+    seqs.steps(pool, [[15], []])
+    assert first_held(pool) == set()                     # the block is not full yet
+    pool.write(seqs.slots(0, 15, 20), seqs.k[0][15:20], seqs.v[0][15:20])
+    got = pool.attend(seqs.q[0][15:20], [0, 5], [20], seqs.table[:1])
+    assert first_held(pool) == {first}
+    for i, pos in enumerate(range(15, 20)):           # 16 .. 19 read position 0 apart
+        assert rel_err(got[i], seqs.reference(0, pos)) < CONTRACT
+    k, _ = pool.dequantize(seqs.table[0], 20)
+    np.testing.assert_array_equal(k[0], R.half_rows(seqs.k[0][:1])[0])
+    # a second sequence whose table names the same first block (a shared prefix) reads it too
+    table = seqs.table.copy()
+    table[1, 0] = first
+    own = table[1, 1] * 16 + np.arange(2, dtype=np.int64)             # positions 16, 17
+    pool.write(own, seqs.k[1][16:18], seqs.v[1][16:18])
+    k1, _ = pool.dequantize(table[1], 18)
+    np.testing.assert_array_equal(k1[0], k[0])
+    # the block written again from offset 0 (a new owner) forgets it
+    pool.write(seqs.slots(0, 0, 1), seqs.k[1][:1], seqs.v[1][:1])
+    assert first_held(pool) == set()
+
+
+def test_a_first_block_that_lost_its_entry_keeps_no_position_0():
+    rng = np.random.default_rng(9)
+    seqs = Seqs(rng, 1, 32, 16, (20, 20), 2, open_blocks=1)
+    pool = seqs.pool()
+    seqs.steps(pool, [[4], [4]])          # sequence 1 takes sequence 0's only entry
+    pool.write(seqs.slots(0, 4, 20), seqs.k[0][4:20], seqs.v[0][4:20])
+    pool.attend(seqs.q[0][4:20], [0, 16], [20], seqs.table[:1])
+    assert first_held(pool) == set()      # its block was held from offset 4 only
+    plain = ia.PagedKVCache(1, 32, 16, seqs.num_blocks)
+    plain.write(seqs.slots(0, 0, 20), seqs.k[0], seqs.v[0])
+    k, _ = pool.dequantize(seqs.table[0], 20)
+    np.testing.assert_array_equal(k[:16], plain.dequantize(seqs.table[0], 20)[0][:16])

@@ -400,10 +400,15 @@ cdef class _Paged:
             ks, vs = (_args.aligned_zeros(rows, np.float32) for _ in range(2))
             of = np.empty(o.num_blocks, np.int32)
             entries = np.empty(o.open_blocks * sizeof(i8a_open_entry), np.uint8)
-            self._open = (k, v, ks, vs, of, entries)
+            # position 0 of the sequences whose first block a block is (touched for those only)
+            fk, fv = (_args.aligned_zeros((o.num_blocks, o.n_kv_heads, o.head_dim), np.float32)
+                      for _ in range(2))
+            held = np.zeros(o.num_blocks, np.uint8)
+            self._open = (k, v, ks, vs, of, entries, fk, fv, held)
             i8a_paged_open(&self._p, o.open_blocks, <uint16_t *>_ptr(k), <uint16_t *>_ptr(v),
                            <float *>_ptr(ks), <float *>_ptr(vs), <int32_t *>_ptr(of),
-                           <i8a_open_entry *>_ptr(entries))
+                           <i8a_open_entry *>_ptr(entries), <float *>_ptr(fk),
+                           <float *>_ptr(fv), <uint8_t *>_ptr(held))
         self.rotation_seed = o.rotation_seed
         self._busy = 0
 
@@ -442,10 +447,15 @@ cdef class _Paged:
 
     @property
     def open_nbytes(self):
-        """Bytes of those entries at most: open_blocks * n_kv_heads * block_size *
-        (4 * head_dim + 8) (beside the blocks; an entry's pages are touched when first used)."""
-        return self._p.open_cap * i8a_paged_open_bytes(self._p.n_kv_heads, self._p.head_dim,
-                                                       self._p.block_rows)
+        """Bytes beside the blocks with open blocks, at most: the entries, open_blocks *
+        n_kv_heads * block_size * (4 * head_dim + 8), and position 0 of the sequences, room for
+        one a block, num_blocks * (8 * n_kv_heads * head_dim + 1) (zeros whose pages are touched
+        as entries and first blocks are used)."""
+        if not self._p.open_cap:
+            return 0
+        return (self._p.open_cap * i8a_paged_open_bytes(self._p.n_kv_heads, self._p.head_dim,
+                                                        self._p.block_rows)
+                + self._p.blocks * (self._p.n_kv_heads * 8 * self._p.head_dim + 1))
 
     def _open_entries(self):
         """{block: (first, top)} of the open entries (a test hook; the busy flag held)."""
@@ -460,6 +470,12 @@ cdef class _Paged:
             if e[i].block >= 0:
                 got[e[i].block] = (e[i].first, e[i].top)
         return got
+
+    def _first_held(self):
+        """The blocks that keep a sequence's position 0 apart (a test hook; the flag held)."""
+        if not i8a_is_taken(&self._busy):
+            raise RuntimeError("the pool's busy flag must be held (_enter) for this call")
+        return set() if self._open is None else set(np.flatnonzero(self._open[8]).tolist())
 
     @property
     def buffer(self):

@@ -159,7 +159,8 @@ cdef extern from "_engine.h" nogil:
     void i8a_paged_free_work(i8a_paged *p)
     size_t i8a_paged_open_bytes(size_t n_kv_heads, size_t head_dim, size_t block_rows)
     void i8a_paged_open(i8a_paged *p, size_t cap, uint16_t *k, uint16_t *v, float *ks,
-                        float *vs, int32_t *of, i8a_open_entry *entries)
+                        float *vs, int32_t *of, i8a_open_entry *entries, float *first_k,
+                        float *first_v, uint8_t *first_held)
     int i8a_paged_write(const i8a_kernels *kt, i8a_paged *p, const int64_t *slots,
                         size_t n, const float *k, const float *v, size_t *bad)
     int i8a_paged_attend(const i8a_kernels *kt, i8a_paged *p, const i8a_paged_seq *seqs,

@@ -331,6 +331,9 @@ typedef struct i8a_paged {
     int32_t *open_of;           /* [blocks] the entry holding a block's rows, -1: none */
     i8a_open_entry *open;       /* [open_cap] */
     uint64_t clock;             /* counts the writes and attends */
+    float *first_k, *first_v;   /* [blocks][n_kv_heads][head_dim] position 0 of a sequence
+                                 * whose first block this is, its halves widened */
+    uint8_t *first_held;        /* [blocks] 1: the block's first rows above hold */
 } i8a_paged;
 
 /* Bytes a block of a pool: n_kv_heads * block_rows * (2 head_dim + 8); 0 when it does not fit
@@ -352,7 +355,8 @@ size_t i8a_paged_open_bytes(size_t n_kv_heads, size_t head_dim, size_t block_row
 
 /* Give the pool cap >= 1 entries of open blocks, over the caller's memory: k, v [cap][hkv]
  * [block_rows][d] halves, ks, vs [cap][hkv][block_rows] floats (64-byte aligned), of [blocks]
- * int32 and entries [cap] (any contents: all are set here to "none open"). From then on every
+ * int32 and entries [cap] (any contents: all are set here to "none open"); first_k, first_v
+ * [blocks][hkv][d] floats and first_held [blocks] (zeros: none held). From then on every
  * row written is also kept as the recent window keeps a row (i8a_half_row of the row as given:
  * halves and a power-of-two scale) in the entry of its block, opened by the block's first write
  * (a write at offset 0 starts the block again: a new owner), and a query reads the rows of its
@@ -361,9 +365,14 @@ size_t i8a_paged_open_bytes(size_t n_kv_heads, size_t head_dim, size_t block_row
  * are its own sequence's. An entry is freed once the attend that reads its block's last
  * position returns; when every entry is taken, a write that opens a block takes the entry used
  * least recently (a block that loses its entry is read from its codes, from the next write into
- * it on: what a query reads depends only on the writes before it). */
+ * it on: what a query reads depends only on the writes before it). A sequence's position 0 is
+ * kept apart as floats (its halves widened, into first_k / first_v of its first block) when
+ * the attend that fills the first block frees its entry holding offset 0; queries in later
+ * blocks read position 0 from there, as a contiguous cache with keep_first reads k_first, until
+ * a write at the block's offset 0 (a new owner) drops it. */
 void i8a_paged_open(i8a_paged *p, size_t cap, uint16_t *k, uint16_t *v, float *ks, float *vs,
-                    int32_t *of, i8a_open_entry *entries);
+                    int32_t *of, i8a_open_entry *entries, float *first_k, float *first_v,
+                    uint8_t *first_held);
 
 /* Write n rows by slot: row i of k and of v ([n][hkv][d] float32 each) becomes the position
  * slots[i] % block_rows of block slots[i] / block_rows, coded as i8a_append codes a row of the

@@ -29,10 +29,12 @@ class PagedKVCache(_cache._Paged):
     fp16 (halves with a power-of-two scale per row, as the contiguous cache's recent window
     keeps them), beside the blocks (``open_nbytes``), and each query reads its own block's rows,
     from the block's start up to itself, from those halves: the newest tokens of a sequence, the
-    ones attention leans on, unquantized (Gemma 3 270M through vLLM: KL 1.1e-4 against the fp32
-    cache, 6.4e-4 from codes alone). A block's first write opens its entry (a write at offset 0
-    starts it again: a new owner), and the entry is freed once an attend has read the block's
-    last position. When all N are taken, a write that opens a block takes the entry used least
+    ones attention leans on, unquantized. A sequence's position 0 (often an attention sink) is
+    kept apart too, as floats, once its first block is full, and read as a contiguous cache
+    with ``keep_first`` reads it (Gemma 3 270M through vLLM: KL 5.6e-5 against the fp32 cache,
+    6.4e-4 from codes alone). A block's first write opens its entry (a write at offset 0
+    starts it again: a new owner, which also drops a position 0 kept from it), and the entry
+    is freed once an attend has read the block's last position. When all N are taken, a write that opens a block takes the entry used least
     recently, whose block is then read from its codes up to its next write: size N for the
     sequences that hold an open block at once plus the blocks one call's writes open
     (``int8attn.vllm`` takes ``2 * max_num_seqs + max_num_batched_tokens / block_size``). A
@@ -85,9 +87,10 @@ class PagedKVCache(_cache._Paged):
 
         Each output has the bits a contiguous ``KVCache(..., **FORMATS["rotated"])`` holding
         the same rows gives (every tier, every thread count), within 1e-3 of float attention
-        over ``dequantize``. With open blocks each query reads its own block's rows as halves,
-        within 1e-3 of float attention over them and the earlier blocks' codes, with the same
-        bits however a sequence's tokens were split into calls (given entries enough).
+        over ``dequantize``. With open blocks each query reads its own block's rows (and, past
+        the first block, position 0) as halves, within 1e-3 of float attention over them and
+        the other rows' codes, with the same bits however a sequence's tokens were split into
+        calls (given entries enough).
         """
         self._enter()
         try:
@@ -112,7 +115,8 @@ class PagedKVCache(_cache._Paged):
     def dequantize(self, blocks, length):
         """k, v float32 ``[length, n_kv_heads, head_dim]``: what attend reads for a query at the
         last position of the sequence whose blocks (int ``[>= ceil(length / block_size)]``) hold
-        ``length`` positions (with open blocks, its own block's held rows as their halves)."""
+        ``length`` positions (with open blocks, its own block's held rows and position 0 as
+        their halves)."""
         self._enter()
         try:
             length = _args.int_from(length, "length", 0)

@@ -12,7 +12,7 @@ are ours (``2 * head_dim + 8``: int8 K and V codes, one float32 scale each). The
 block is int8attn's own (rotated rows), not the Triton backend's. Beside vLLM's cache each
 layer also keeps the rows of blocks not yet full in fp16 (``PagedKVCache``'s ``open_blocks``,
 sized by ``open_blocks()``; ``INT8ATTN_OPEN_BLOCKS=0`` turns it off): a query reads its own
-block's rows unquantized.
+block's rows, and its sequence's position 0, unquantized.
 
 The only module of int8attn that imports vLLM (torch: this one and int8attn.hf).
 """
@@ -209,8 +209,9 @@ class Int8AttnImpl(AttentionImpl[Int8AttnMetadata]):
                                          open_blocks=open_blocks(*self._steps, block_size))
             self._pool_ptr = kv_cache.data_ptr()
             if self._pool.open_blocks:
-                _log.info_once("int8attn keeps the rows of blocks not yet full also in fp16: "
-                               "up to %d blocks, %.1f MiB per layer beside vLLM's KV cache",
+                _log.info_once("int8attn keeps the rows of blocks not yet full (up to %d) and "
+                               "each sequence's position 0 also in floats: at most %.1f MiB per "
+                               "layer beside vLLM's KV cache, touched as requests use it",
                                self._pool.open_blocks, self._pool.open_nbytes / 2**20)
         return self._pool
 

@@ -204,8 +204,9 @@ static size_t paged_differs(const i8a_kernels *kt, size_t *cases, uint64_t *sum)
 }
 
 /* A pool with open blocks (i8a_paged_open, four entries): sequence 0 prefilled in chunks that
- * cross blocks, then decoded token by token past a block's end; sequence 1 shares its first
- * full block and prefills its own rows in one chunk beside sequence 0's decodes. Every output
+ * cross blocks (its position 0 kept apart once its first block is full), then decoded token by
+ * token past a block's end; sequence 1 shares its first full block and prefills its own rows
+ * in one chunk beside sequence 0's decodes. Every output
  * goes to out (n_out floats, *n_out set); returns nonzero when a call fails. The same rng state
  * gives the same data on every tier. */
 static int open_run(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_t block_rows,
@@ -222,10 +223,12 @@ static int open_run(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
     float *os = i8a_alloc_aligned(2 * ENTRIES * cells * sizeof(float));
     int32_t of[NB];
     i8a_open_entry entries[ENTRIES];
+    uint8_t held[NB] = {0};
+    float *first = calloc(2 * NB * row, sizeof(float));
     i8a_paged p;
     i8a_paged_init(&p, base, NB, hkv, d, block_rows, sign);
     i8a_paged_open(&p, ENTRIES, ok, ok + ENTRIES * cells * d, os, os + ENTRIES * cells, of,
-                   entries);
+                   entries, first, first + NB * row, held);
     const int32_t table0[4] = {7, 2, 9, 4}, table1[2] = {7, 11};
     float *k = malloc((len0 + len1) * row * sizeof(float));
     float *v = malloc((len0 + len1) * row * sizeof(float));
@@ -273,7 +276,7 @@ static int open_run(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
     *n_out = at * d;
     i8a_paged_free_work(&p);
     i8a_free_aligned(base), i8a_free_aligned(ok), i8a_free_aligned(os);
-    free(k), free(v), free(q);
+    free(k), free(v), free(q), free(first);
     return rc;
 }
 

@@ -32,7 +32,8 @@ void i8a_paged_init(i8a_paged *p, uint8_t *base, size_t blocks, size_t n_kv_head
         shift++;
     const i8a_paged init = {base, blocks, n_kv_heads, head_dim, block_rows, shift,
                             i8a_paged_block_bytes(n_kv_heads, head_dim, block_rows), sign,
-                            NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0};
+                            NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL,
+                            NULL};
     *p = init;
 }
 
@@ -49,13 +50,15 @@ size_t i8a_paged_open_bytes(size_t n_kv_heads, size_t head_dim, size_t block_row
 }
 
 void i8a_paged_open(i8a_paged *p, size_t cap, uint16_t *k, uint16_t *v, float *ks, float *vs,
-                    int32_t *of, i8a_open_entry *entries)
+                    int32_t *of, i8a_open_entry *entries, float *first_k, float *first_v,
+                    uint8_t *first_held)
 {
     I8A_EXPECT(cap >= 1);
     p->open_cap = cap;
     p->open_k = k, p->open_v = v, p->open_ks = ks, p->open_vs = vs;
     p->open_of = of;
     p->open = entries;
+    p->first_k = first_k, p->first_v = first_v, p->first_held = first_held;
     for (size_t b = 0; b < p->blocks; b++)
         of[b] = -1;
     for (size_t e = 0; e < cap; e++) {
@@ -151,6 +154,8 @@ int i8a_paged_write(const i8a_kernels *kt, i8a_paged *p, const int64_t *slots, s
         }
         if (p->open_cap) {          /* the halves, as the recent window keeps the row */
             const size_t off = pos & (p->block_rows - 1);
+            if (off == 0)           /* a new first row, if the block is a first block */
+                p->first_held[pos >> p->block_shift] = 0;
             const size_t at = open_row0(p, open_for_write(p, pos >> p->block_shift, off)) + off;
             for (size_t g = 0; g < hkv; g++) {
                 const size_t r = at + g * p->block_rows;
@@ -163,6 +168,33 @@ int i8a_paged_write(const i8a_kernels *kt, i8a_paged *p, const int64_t *slots, s
     return 0;
 }
 
+/* Position 0 of the sequence whose first block is `block`, widened from the halves of entry e
+ * (which holds the block from offset 0) into the block's first rows. */
+static void widen_first_row(const i8a_paged *p, size_t block, size_t e)
+{
+    const size_t hkv = p->n_kv_heads, d = p->head_dim;
+    for (size_t g = 0; g < hkv; g++) {
+        const size_t r = open_row0(p, e) + g * p->block_rows, at = (block * hkv + g) * d;
+        widen(p->open_k + r * d, p->open_ks[r], d, p->first_k + at);
+        widen(p->open_v + r * d, p->open_vs[r], d, p->first_v + at);
+    }
+}
+
+/* Whether a query past a sequence's first block `block` reads position 0 apart: the block keeps
+ * it (first_held), or its entry still holds it from offset 0 (the attend that fills the block
+ * has not returned: the rows are widened now, the same as the block will keep; the block's
+ * first rows are scratch until held). */
+static int first_row(const i8a_paged *p, size_t block)
+{
+    if (p->first_held[block])
+        return 1;
+    const int32_t e = p->open_of[block];
+    if (e < 0 || p->open[e].first != 0)
+        return 0;
+    widen_first_row(p, block, (size_t)e);
+    return 1;
+}
+
 /* The view of a sequence's positions up to end (exclusive) whose last t are queries, all in one
  * block: with that block's open entry as its recent window (block_rows long, floats held from
  * the entry's first offset) when the entry holds the rows of every query, else codes alone. */
@@ -172,6 +204,11 @@ static i8a_cache segment_view(const i8a_paged *p, const int32_t *blocks, size_t 
     if (!p->open_cap)
         return c;
     const size_t j = (end - 1) >> p->block_shift, start = j << p->block_shift;
+    if (j > 0 && first_row(p, (size_t)blocks[0])) {   /* position 0 apart, as keep_first */
+        const size_t at = (size_t)blocks[0] * p->n_kv_heads * p->head_dim;
+        c.k_first = p->first_k + at;
+        c.v_first = p->first_v + at;
+    }
     const int32_t e = p->open_of[blocks[j]];
     if (e < 0 || start + p->open[e].first > end - t || start + p->open[e].top < end)
         return c;
@@ -196,7 +233,7 @@ static size_t segments_of(const i8a_paged *p, const i8a_paged_seq *s)
 }
 
 /* After an attend: the entries of the views' blocks are used now; a block whose last position
- * was a query is full, and its entry is freed. */
+ * was a query is full, and its entry is freed (a first block's keeping position 0 apart). */
 static void open_after_attend(i8a_paged *p, i8a_cache *const *views, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -206,6 +243,10 @@ static void open_after_attend(i8a_paged *p, i8a_cache *const *views, size_t n)
             continue;
         p->open[e].stamp = p->clock;
         if ((end & (p->block_rows - 1)) == 0) {
+            if (j == 0 && p->open[e].first == 0) {      /* a first block keeps position 0 */
+                widen_first_row(p, (size_t)block, (size_t)e);
+                p->first_held[block] = 1;
+            }
             p->open_of[block] = -1;
             p->open[e].block = -1;
         }
