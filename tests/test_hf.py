@@ -107,18 +107,19 @@ def test_the_logits_follow_the_model_dtype():
 
 
 def test_a_batch_is_one_prefill_call_per_layer(monkeypatch, small_slack):
-    """Batch 3 attends every layer in one prefill_batch call over the 3 sequences' caches, the
-    prompt in one call on a full layer (a sliding layer: one per chunk of its slack)."""
+    """Batch 3 attends every layer in one engine call over the 3 sequences' caches (prefill_batch's,
+    through _prefill_rows), the prompt in one call on a full layer (a sliding layer: one per
+    chunk of its slack)."""
     model = _model("qwen2")
     ids, steps = _tokens(3)
     calls = []
-    real = ih.prefill_batch
+    real = ih._prefill_rows
 
-    def counting(caches, k, v, q, **kw):
+    def counting(caches, k, v, q, options):
         calls.append((len(caches), q.shape[1]))
-        return real(caches, k, v, q, **kw)
+        return real(caches, k, v, q, options)
 
-    monkeypatch.setattr(ih, "prefill_batch", counting)
+    monkeypatch.setattr(ih, "_prefill_rows", counting)
     _run(model, ih.Int8Cache(model.config, max_cache_len=100), ids, steps)
     # the prompt of 70: 2 full layers in one call; 2 sliding ones in chunks of 32 (32, 32, 6);
     # then 4 per step

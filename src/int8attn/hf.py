@@ -49,7 +49,9 @@ except ImportError as e:                                  # pragma: no cover - d
                       "pip install 'int8attn[hf]'") from e
 
 from . import FORMATS, Int8KVCache, KVCache, prefill_batch
+from . import _args
 from . import _rules as R
+from ._kvcache import _prefill_rows
 
 if int(transformers.__version__.split(".")[0]) < 5:        # pragma: no cover
     raise ImportError(f"int8attn.hf needs transformers>=5 (the cache= API), found "
@@ -91,8 +93,15 @@ def _marker(layer: Int8Layer) -> torch.Tensor:
 
 
 def _as_rows(x: torch.Tensor) -> np.ndarray:
-    """[B, heads, T, D] torch -> [B, T, heads, D] float32 C-contiguous numpy."""
-    return x.detach().to(torch.float32).transpose(1, 2).contiguous().numpy()
+    """[B, heads, T, D] torch -> [B, T, heads, D] float32 C-contiguous numpy (a view when it
+    already is one: a decode step's single token, in float32). Each torch call costs a
+    microsecond or two, and a decode step makes three of these per layer."""
+    if x.requires_grad:
+        x = x.detach()
+    if x.dtype != torch.float32:
+        x = x.to(torch.float32)
+    x = x.transpose(1, 2)
+    return (x if x.is_contiguous() else x.contiguous()).numpy()
 
 
 def _clone(c: KVCache) -> KVCache:
@@ -150,8 +159,9 @@ class Int8Layer(CacheLayerMixin):
         self.slack, self.rollback = SLACK, ROLLBACK
         self.caches: list[KVCache] = []
         self.seen = 0                  # positions of the sequence this layer has attended
-        self.pending: tuple[np.ndarray, np.ndarray] | None = None
+        self.pending: tuple[torch.Tensor, torch.Tensor] | None = None
         self.marker: torch.Tensor | None = None     # what update() returns, made once
+        self.options: tuple[tuple, tuple] | None = None   # (scale, window, softcap), checked
 
     def __repr__(self) -> str:
         kind = f"sliding_window={self.sliding_window}" if self.is_sliding else "full"
@@ -174,8 +184,9 @@ class Int8Layer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Take the new tokens' K and V ([B, Hkv, T, D]); the int8attn attention of this layer,
-        which runs next, stores them and attends. Returns markers, not tensors of K and V."""
+        """Take the new tokens' K and V ([B, Hkv, T, D], kept as they are); the int8attn attention
+        of this layer, which runs next, stores them and attends. Returns markers, not tensors of
+        K and V."""
         if key_states.device.type != "cpu":
             raise ValueError(f"int8attn runs on the CPU; K/V are on {key_states.device}")
         if not self.is_initialized:
@@ -189,7 +200,7 @@ class Int8Layer(CacheLayerMixin):
         if self.seen + t > self.max_cache_len:
             raise ValueError(f"int8attn: {t} new token(s) after {self.seen} exceed "
                              f"max_cache_len={self.max_cache_len}; make the Int8Cache larger")
-        self.pending = (_as_rows(key_states), _as_rows(value_states))
+        self.pending = (key_states, value_states)
         if self.marker is None:
             self.marker = _marker(self)
         return self.marker, self.marker
@@ -205,7 +216,8 @@ class Int8Layer(CacheLayerMixin):
         if window != self.sliding_window:
             raise ValueError(f"int8attn: the model attends with sliding_window={window} but the "
                              f"config makes this layer's window {self.sliding_window}")
-        q = _as_rows(query)
+        options = self._options(scale, window, softcap)
+        q, k, v = _as_rows(query), _as_rows(k), _as_rows(v)
         t = q.shape[1]
         if t != k.shape[1]:
             raise ValueError(f"int8attn: {t} queries for {k.shape[1]} new K/V tokens; int8attn "
@@ -217,11 +229,20 @@ class Int8Layer(CacheLayerMixin):
         for a in range(0, t, step):
             z = min(t, a + step)
             self._make_room(z - a)
-            parts.append(prefill_batch(self.caches, k[:, a:z], v[:, a:z], q[:, a:z],
-                                       scale=scale, window=window, softcap=softcap))
+            parts.append(_prefill_rows(self.caches, k[:, a:z], v[:, a:z], q[:, a:z], options))
             self.seen += z - a
-        out = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
-        return torch.from_numpy(out).to(query.dtype)
+        out = torch.from_numpy(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1))
+        return out if query.dtype == torch.float32 else out.to(query.dtype)
+
+    def _options(self, scale: float | None, window: int | None,
+                 softcap: float | None) -> tuple:
+        """The decode options of these attention arguments, checked (_args.decode_options) the
+        first time a layer sees them and kept: a model passes the same ones every call."""
+        key = (scale, window, softcap)
+        if self.options is None or self.options[0] != key:
+            d = self.caches[0].head_dim
+            self.options = (key, _args.decode_options(scale, 16, window, 0, softcap, d))
+        return self.options[1]
 
     def _make_room(self, n: int) -> None:
         """A sliding layer's caches forget what no query sees, when n more tokens would not
