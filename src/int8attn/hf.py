@@ -100,8 +100,8 @@ def _as_rows(x: torch.Tensor) -> np.ndarray:
         x = x.detach()
     if x.dtype != torch.float32:
         x = x.to(torch.float32)
-    x = x.transpose(1, 2)
-    return (x if x.is_contiguous() else x.contiguous()).numpy()
+    a = x.numpy().transpose(0, 2, 1, 3)         # numpy's views cost less than torch's calls
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 def _clone(c: KVCache) -> KVCache:
