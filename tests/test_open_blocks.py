@@ -123,12 +123,19 @@ def test_tiers_and_thread_counts_agree():
     assert_tiers_and_threads_agree(run, "open blocks")
 
 
-def entries(pool):
-    pool._enter()
-    try:
-        return pool._open_entries()
-    finally:
-        pool._leave()
+def under_flag(hook):
+    """A pool's test hook, called with its busy flag held."""
+    def call(pool):
+        pool._enter()
+        try:
+            return hook(pool)
+        finally:
+            pool._leave()
+    return call
+
+
+entries = under_flag(ia.PagedKVCache._open_entries)
+first_held = under_flag(ia.PagedKVCache._first_held)
 
 
 def test_a_full_block_frees_its_entry():
@@ -213,14 +220,6 @@ def test_open_blocks_is_checked_and_reported():
         ia.PagedKVCache(2, 64, 32, 5, open_blocks=-1)
     with pytest.raises(TypeError, match="open_blocks must be an int"):
         ia.PagedKVCache(2, 64, 32, 5, open_blocks=1.5)
-
-
-def first_held(pool):
-    pool._enter()
-    try:
-        return pool._first_held()
-    finally:
-        pool._leave()
 
 
 def test_a_sequences_position_0_is_kept_apart_once_its_first_block_is_full():

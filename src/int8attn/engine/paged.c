@@ -223,13 +223,14 @@ static i8a_cache segment_view(const i8a_paged *p, const int32_t *blocks, size_t 
     return c;
 }
 
-/* The views a sequence's queries make: one per block its queries lie in with open blocks, else
- * one. */
-static size_t segments_of(const i8a_paged *p, const i8a_paged_seq *s)
+/* The end (exclusive) of the view holding a sequence's query at position pos: with open blocks
+ * its block's end, at most the sequence's length; else the length (one view of all queries). */
+static size_t segment_end(const i8a_paged *p, const i8a_paged_seq *s, size_t pos)
 {
     if (!p->open_cap)
-        return 1;
-    return ((s->length - 1) >> p->block_shift) - ((s->length - s->t) >> p->block_shift) + 1;
+        return s->length;
+    const size_t edge = ((pos >> p->block_shift) + 1) << p->block_shift;
+    return edge < s->length ? edge : s->length;
 }
 
 /* After an attend: the entries of the views' blocks are used now; a block whose last position
@@ -259,10 +260,11 @@ int i8a_paged_attend(const i8a_kernels *kt, i8a_paged *p, const i8a_paged_seq *s
                      float *out, size_t *bad)
 {
     I8A_EXPECT(n >= 1);
-    size_t nv = 0;
+    size_t nv = 0;              /* the views: a sequence's queries cut at segment_end */
     for (size_t b = 0; b < n; b++) {
         I8A_EXPECT(seqs[b].t >= 1 && seqs[b].t <= seqs[b].length);
-        nv += segments_of(p, seqs + b);
+        for (size_t pos = seqs[b].length - seqs[b].t; pos < seqs[b].length; nv++)
+            pos = segment_end(p, seqs + b, pos);
     }
     i8a_cache stack_views[I8A_BATCH_STACK], *stack_ptrs[I8A_BATCH_STACK] = {0};
     size_t stack_ts[I8A_BATCH_STACK] = {0};
@@ -282,10 +284,8 @@ int i8a_paged_attend(const i8a_kernels *kt, i8a_paged *p, const i8a_paged_seq *s
     /* a sequence's queries in order, cut at block ends (q's and out's rows stay in order) */
     size_t v = 0;
     for (size_t b = 0; b < n; b++) {
-        const size_t rows = p->open_cap ? p->block_rows : seqs[b].length;
         for (size_t pos = seqs[b].length - seqs[b].t; pos < seqs[b].length; v++) {
-            const size_t edge = (pos / rows + 1) * rows;
-            const size_t end = edge < seqs[b].length ? edge : seqs[b].length;
+            const size_t end = segment_end(p, seqs + b, pos);
             views[v] = segment_view(p, seqs[b].blocks, end, end - pos);
             ptrs[v] = views + v;
             ts[v] = end - pos;
