@@ -24,6 +24,10 @@
 #define I8A_SPIN_NS 200000
 #define I8A_CALLER_SPIN_NS 50000
 
+/* A worker's stack at least: a kernel keeps up to 20 KiB on it (the tiled K pass's tiles of
+ * 16 rows at the largest head dim, a chunk's row pointers). */
+#define I8A_WORKER_STACK ((size_t)512 << 10)
+
 /* A job is published as one word: seq << 32 | (threads - 1) << 24 | units. A thread that read
  * the word knows the job's ranges without reading anything the next job may overwrite. Items
  * are claimed in units: one item each, or blocks of items when a job has more than
@@ -212,6 +216,9 @@ static size_t start_workers(size_t want)
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        size_t stack = 0;                     /* musl's default is 128 KiB */
+        if (pthread_attr_getstacksize(&attr, &stack) == 0 && stack < I8A_WORKER_STACK)
+            pthread_attr_setstacksize(&attr, I8A_WORKER_STACK);
         const int rc = pthread_create(&t, &attr, worker_main, (void *)w);
         pthread_attr_destroy(&attr);
         if (rc != 0)

@@ -96,10 +96,139 @@ I8A_INLINE void i8a_kdots_rows_avx512_vnni(const i8a_query *q, const i8a_span *k
     }
 }
 
-/* i8a_kdots_rows_avx512_vnni with the span's layout a constant (one run: a contiguous cache). */
+/* The tiled K pass, for groups of two query heads or more: 16 rows at a time are transposed once
+ * into tiles, tile c holding quad c (dims [4c, 4c + 4)) of row r in 32-bit lane r, each byte + 128
+ * (unsigned): kt[64 c + 4 r + b] = k[s + r][4 c + b] ^ 0x80. A head's dots with the 16 rows are
+ * then one vpdpbusd per quad, the q word broadcast, landing in row order: no row sums to reduce,
+ * and the transpose (64 shuffles per 16 rows and 64 bytes) is shared by every head and plane of
+ * the group (at 4 heads and two planes the pass takes 26 cycles a row where the row by row pass,
+ * whose per-head sums of four rows cost as much as their dots, takes 32-36: Zen 4, D = 128).
+ * Rows past n repeat row n - 1; quads past d are not stored. */
+#define I8A_KTILE_ROWS 16
+
+I8A_INLINE void i8a_ktiles_avx512_vnni(const i8a_span *kv, const int8_t *const *rows, size_t s,
+                                       size_t d, int one_run, uint8_t *kt)
+{
+    const size_t n = kv->n;
+    const int8_t *src[I8A_KTILE_ROWS];
+    for (size_t r = 0; r < I8A_KTILE_ROWS; r++)
+        src[r] = i8a_krow_of(kv, rows, s + r < n ? s + r : n - 1, d, one_run);
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    for (size_t i = 0; i < d; i += 64) {       /* quads [i / 4, i / 4 + 16): a 16 x 16 transpose */
+        __m512i r[16], t[16], u[16];
+        for (int k = 0; k < 16; k++)
+            r[k] = _mm512_xor_si512(i8a_load64_avx512_vnni(src[k], i, d), bias);
+        for (int k = 0; k < 16; k += 2) {      /* rows k, k + 1 interleaved by 32-bit words */
+            t[k] = _mm512_unpacklo_epi32(r[k], r[k + 1]);
+            t[k + 1] = _mm512_unpackhi_epi32(r[k], r[k + 1]);
+        }
+        for (int g = 0; g < 16; g += 4) {      /* u[g + c], 128-bit lane L: quad 4 L + c of rows g.. */
+            u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+            u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+            u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+            u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+        }
+        const size_t quads = d - i >= 64 ? 16 : (d - i) / 4;
+        for (int c = 0; c < 4; c++) {          /* lane L of u[c], u[4 + c], u[8 + c], u[12 + c] */
+            const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);
+            const __m512i v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+            const __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
+            const __m512i v3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+            const __m512i o[4] = {_mm512_shuffle_i32x4(v0, v2, 0x88),
+                                  _mm512_shuffle_i32x4(v0, v2, 0xDD),
+                                  _mm512_shuffle_i32x4(v1, v3, 0x88),
+                                  _mm512_shuffle_i32x4(v1, v3, 0xDD)};
+            for (size_t L = 0; L < 4; L++)
+                if (4 * L + (size_t)c < quads)
+                    _mm512_store_si512((void *)(kt + 16 * i + 64 * (4 * L + (size_t)c)), o[L]);
+        }
+    }
+}
+
+/* dh (and dl) of heads [j, j + NH) for the 16 rows of kt, the planes' offset corrections corr:
+ * per quad one vpdpbusd per head and plane (at most 8 accumulators). NH and TWO are constants at
+ * every call. */
+I8A_INLINE void i8a_ktile_dots_avx512_vnni(const i8a_query *q, const uint8_t *kt, size_t s,
+                                           size_t j, int nh, int two, const int32_t (*corr)[2],
+                                           int32_t *dh, int32_t *dl)
+{
+    const size_t d = q->d;
+    __m512i acc[4][2];
+#pragma GCC unroll 4
+    for (int h = 0; h < nh; h++)
+        acc[h][0] = acc[h][1] = _mm512_setzero_si512();
+    for (size_t c = 0; c < d / 4; c++) {
+        const __m512i x = _mm512_load_si512((const void *)(kt + 64 * c));
+#pragma GCC unroll 4
+        for (int h = 0; h < nh; h++) {
+            int32_t w;
+            memcpy(&w, q->q_hi + (j + (size_t)h) * d + 4 * c, sizeof w);
+            acc[h][0] = _mm512_dpbusd_epi32(acc[h][0], x, _mm512_set1_epi32(w));
+            if (two) {
+                memcpy(&w, q->q_lo + (j + (size_t)h) * d + 4 * c, sizeof w);
+                acc[h][1] = _mm512_dpbusd_epi32(acc[h][1], x, _mm512_set1_epi32(w));
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < nh; h++) {
+        const size_t at = (j + (size_t)h) * I8A_CHUNK + s;
+        _mm512_store_si512((void *)(dh + at), _mm512_sub_epi32(acc[h][0], _mm512_set1_epi32(corr[h][0])));
+        if (two)
+            _mm512_store_si512((void *)(dl + at),
+                               _mm512_sub_epi32(acc[h][1], _mm512_set1_epi32(corr[h][1])));
+    }
+}
+
+/* Exact dots of every query head's planes with rows [0, n), by tiles of 16 rows (above): dh[j *
+ * I8A_CHUNK + s], dl[...], up to the next multiple of 16 past n (those values unused). */
+I8A_INLINE void i8a_kdots_tiled_avx512_vnni(const i8a_query *q, const i8a_span *kv, int32_t *dh,
+                                            int32_t *dl, const int one_run)
+{
+    const size_t d = q->d, n = kv->n, nq = q->nq;
+    const int two = q->two_planes;
+    const int8_t *rows[I8A_CHUNK];
+    if (!one_run)
+        i8a_krows(kv, d, rows);
+    _Alignas(64) uint8_t kt[I8A_KTILE_ROWS * I8A_MAX_HEAD_DIM];
+    for (size_t s = 0; s < n; s += I8A_KTILE_ROWS) {
+        if (s < kv->next_n)                    /* the next chunk's K, 16 rows per tile */
+            i8a_prefetch_rows(i8a_next_krow_of(kv, s, d, one_run),
+                              (kv->next_n - s < I8A_KTILE_ROWS ? kv->next_n - s : I8A_KTILE_ROWS) * d);
+        i8a_ktiles_avx512_vnni(kv, rows, s, d, one_run, kt);
+        for (size_t j = 0; j < nq; j += 4) {
+            const int nh = nq - j >= 4 ? 4 : (int)(nq - j);
+            int32_t corr[4][2];
+            for (int h = 0; h < nh; h++) {
+                corr[h][0] = 128 * i8a_qsum_avx512_vnni(q->q_hi + (j + (size_t)h) * d, d);
+                corr[h][1] = two ? 128 * i8a_qsum_avx512_vnni(q->q_lo + (j + (size_t)h) * d, d) : 0;
+            }
+            switch (nh * 2 + two) {            /* NH and TWO as constants */
+            case 9: i8a_ktile_dots_avx512_vnni(q, kt, s, j, 4, 1, corr, dh, dl); break;
+            case 8: i8a_ktile_dots_avx512_vnni(q, kt, s, j, 4, 0, corr, dh, dl); break;
+            case 7: i8a_ktile_dots_avx512_vnni(q, kt, s, j, 3, 1, corr, dh, dl); break;
+            case 6: i8a_ktile_dots_avx512_vnni(q, kt, s, j, 3, 0, corr, dh, dl); break;
+            case 5: i8a_ktile_dots_avx512_vnni(q, kt, s, j, 2, 1, corr, dh, dl); break;
+            case 4: i8a_ktile_dots_avx512_vnni(q, kt, s, j, 2, 0, corr, dh, dl); break;
+            case 3: i8a_ktile_dots_avx512_vnni(q, kt, s, j, 1, 1, corr, dh, dl); break;
+            default: i8a_ktile_dots_avx512_vnni(q, kt, s, j, 1, 0, corr, dh, dl); break;
+            }
+        }
+    }
+}
+
+/* The K pass: tiled for a group, row by row for one query head; the span's layout a constant
+ * (one run: a contiguous cache). */
 static inline void i8a_kdots_avx512_vnni(const i8a_query *q, const i8a_span *kv, int32_t *dh,
                                          int32_t *dl)
 {
+    if (q->nq >= 2) {                          /* a group: the tiled pass */
+        if (i8a_one_run(kv))
+            i8a_kdots_tiled_avx512_vnni(q, kv, dh, dl, 1);
+        else
+            i8a_kdots_tiled_avx512_vnni(q, kv, dh, dl, 0);
+        return;
+    }
     if (i8a_one_run(kv))
         i8a_kdots_rows_avx512_vnni(q, kv, dh, dl, 1);
     else
