@@ -26,10 +26,11 @@ static inline __m256i i8a_vdot_avx2(__m256i acc, __m256i p, __m256i x)
 }
 
 /* The integer V pass (planes/scalar.h) of NH heads over dims [i0, i0 + 8 nv), as the avx512_vnni
- * tier's, 8 dims a vector. NH and NV are constants at every call. */
+ * tier's, 8 dims a vector, prefetching rows [pf_lo, pf_hi) of the next span's V
+ * (i8a_vprefetch_share). NH and NV are constants at every call. */
 I8A_INLINE void
 i8a_vtiles_block_avx2(const uint8_t *const *planes, int nh, int nv, const i8a_span *kv,
-                      size_t tiles, size_t d, size_t i0, float *o, size_t pf_n)
+                      size_t tiles, size_t d, size_t i0, float *o, size_t pf_lo, size_t pf_hi)
 {
     __m256i acc[2][I8A_WPLANES][2];
 #pragma GCC unroll 8
@@ -43,7 +44,7 @@ i8a_vtiles_block_avx2(const uint8_t *const *planes, int nh, int nv, const i8a_sp
         const int8_t *run;
         const size_t end = t0 + i8a_vrun(kv, t0, tiles, d, &run);
         for (size_t t = t0; t < end; t++) {
-            if (I8A_V_TILE * t < pf_n)
+            if (I8A_V_TILE * t >= pf_lo && I8A_V_TILE * t < pf_hi)
                 i8a_prefetch_rows(i8a_next_vrow(kv, I8A_V_TILE * t, d), I8A_V_TILE * d);
             const int8_t *x = run + ((t - t0) * d + i0) * I8A_V_TILE;
 #pragma GCC unroll 8
@@ -84,8 +85,11 @@ I8A_INLINE void i8a_vtiles_group_avx2(float *scratch, size_t nq, size_t j, int n
         planes[h] = i8a_planes_at(scratch, nq, j + (size_t)h);
     const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n);
     const int nv = nh == 1 ? 2 : 1;
-    for (size_t i = 0; i < d; i += 8 * (size_t)nv, pf_n = 0)
-        i8a_vtiles_block_avx2(planes, nh, nv, kv, tiles, d, i, o + j * d, pf_n);
+    const size_t nblk = d / (8 * (size_t)nv);
+    for (size_t i = 0, b = 0, lo, hi; i < d; i += 8 * (size_t)nv, b++) {
+        i8a_vprefetch_share(pf_n, b, nblk, &lo, &hi);
+        i8a_vtiles_block_avx2(planes, nh, nv, kv, tiles, d, i, o + j * d, lo, hi);
+    }
 }
 
 #endif

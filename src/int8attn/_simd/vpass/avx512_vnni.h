@@ -18,11 +18,13 @@ static inline __m512i i8a_pword_avx512_vnni(const uint8_t *plane, size_t t)
 
 /* The integer V pass (planes/scalar.h) of NH heads over dims [i0, i0 + 16 nb): per tile, one
  * vpdpbusd per plane, head and 16 dims (P bytes unsigned, V codes signed: each lane sums the
- * tile's 4 positions of one dimension), then o from the three sums. The first block prefetches
- * pf_n rows of the next span's V. NH and NB are constants at every call. */
+ * tile's 4 positions of one dimension), then o from the three sums. The block prefetches rows
+ * [pf_lo, pf_hi) of the next span's V (i8a_vprefetch_share). NH and NB are constants at every
+ * call. */
 I8A_INLINE void
 i8a_vtiles_block_avx512_vnni(const uint8_t *const *planes, int nh, int nb, const i8a_span *kv,
-                             size_t tiles, size_t d, size_t i0, float *o, size_t pf_n)
+                             size_t tiles, size_t d, size_t i0, float *o, size_t pf_lo,
+                             size_t pf_hi)
 {
     __m512i acc[4][I8A_WPLANES][8];
 #pragma GCC unroll 8
@@ -36,7 +38,7 @@ i8a_vtiles_block_avx512_vnni(const uint8_t *const *planes, int nh, int nb, const
         const int8_t *run;
         const size_t end = t0 + i8a_vrun(kv, t0, tiles, d, &run);
         for (size_t t = t0; t < end; t++) {
-            if (I8A_V_TILE * t < pf_n)
+            if (I8A_V_TILE * t >= pf_lo && I8A_V_TILE * t < pf_hi)
                 i8a_prefetch_rows(i8a_next_vrow(kv, I8A_V_TILE * t, d), I8A_V_TILE * d);
             const int8_t *x = run + ((t - t0) * d + i0) * I8A_V_TILE;
             /* one plane word at a time in a register, V as the memory operand (VNNI's signed
@@ -79,11 +81,16 @@ I8A_INLINE void i8a_vtiles_group_avx512_vnni(float *scratch, size_t nq, size_t j
         planes[h] = i8a_planes_at(scratch, nq, j + (size_t)h);
     const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n);
     const int nb = nh == 1 ? 4 : nh == 2 ? 2 : 1;
-    size_t i = 0;
-    for (; i + 16 * (size_t)nb <= d; i += 16 * (size_t)nb, pf_n = 0)
-        i8a_vtiles_block_avx512_vnni(planes, nh, nb, kv, tiles, d, i, o + j * d, pf_n);
-    for (; i < d; i += 16, pf_n = 0)
-        i8a_vtiles_block_avx512_vnni(planes, nh, 1, kv, tiles, d, i, o + j * d, pf_n);
+    const size_t wide = d / (16 * (size_t)nb), nblk = wide + (d - wide * 16 * (size_t)nb) / 16;
+    size_t i = 0, b = 0, lo, hi;
+    for (; b < wide; i += 16 * (size_t)nb, b++) {
+        i8a_vprefetch_share(pf_n, b, nblk, &lo, &hi);
+        i8a_vtiles_block_avx512_vnni(planes, nh, nb, kv, tiles, d, i, o + j * d, lo, hi);
+    }
+    for (; i < d; i += 16, b++) {
+        i8a_vprefetch_share(pf_n, b, nblk, &lo, &hi);
+        i8a_vtiles_block_avx512_vnni(planes, nh, 1, kv, tiles, d, i, o + j * d, lo, hi);
+    }
 }
 
 #endif
