@@ -10,7 +10,15 @@ threads, each figure's min / median / max). Compare two reports with benchmarks/
 """
 
 import argparse
+import importlib.util
 import os
+
+# torch's OpenMP threads (SDPA, vLLM's kernels) spin after each parallel region by default, taking
+# the CPUs the next case's threads need on a small machine; PASSIVE: they sleep at once (set
+# before torch loads libgomp; an OMP_WAIT_POLICY in the environment wins)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np
 
 import int8attn as ia   # the installed package: pip install '.[bench]'
 from int8attn import _bench
@@ -18,6 +26,72 @@ from int8attn._bench import Case
 
 SEED = [512, 2048, 8192]
 FOUR = [(4, 4), (8, 4), (4, 8)]
+# Real models' shapes (issue 31): Llama 3's 32 query heads over 8, Gemma 3's 4 over 1 at D = 256;
+# a prompt chunk of 512 queries over the cache (the prefill cases: hot, T queries)
+GQA, GEMMA, T = (32, 8, 128), (4, 1, 256), 512
+PREFILL = [((8, 8, 128), 8192), (GQA, 8192), (GEMMA, 4096)]
+VLLM = ("vllm-bf16", "vllm-fp32")
+
+
+def vllm_available():
+    """vLLM's CPU build importable (its kernels are then a peer of every shape run here)."""
+    return importlib.util.find_spec("vllm") is not None and _bench.torch_available()
+
+
+def run_vllm(case, budget, rng):
+    """vLLM's CPU attention kernel (``cpu_attention_with_kv_cache``, as its CPU backend calls
+    it; benchmarks/vllm_serve.py) over one sequence in its paged cache of the case's dtype:
+    the case's tokens (and T more for a prompt chunk, its queries causal)."""
+    import torch
+    import vllm._custom_ops as ops
+    import vllm_serve as vs
+
+    dtype, kv_dtype, elem = vs.VLLM_KINDS[case.impl]
+    isa = vs._get_attn_isa(dtype, vs.VLLM_BLOCK, case.d, kv_dtype)
+    k, v, q = _bench._data(case, rng)
+    total, t = k.shape[0], (case.queries if case.queries > 1 else 1)
+    blocks = -(-total // vs.VLLM_BLOCK)
+    table = torch.arange(blocks, dtype=torch.int32)[None]
+    first = torch.zeros(blocks, case.hkv, vs.VLLM_BLOCK, 2 * case.d, dtype=elem)
+    ops.cpu_attn_reshape_and_cache(torch.from_numpy(k).to(dtype), torch.from_numpy(v).to(dtype),
+                                   *vs.Vllm._halves(first), torch.arange(total), isa, 1.0, 1.0,
+                                   kv_dtype)
+    nbytes = first.numel() * first.element_size()
+    copies = _bench.cold_copies(nbytes) if case.regime == "cold" else 1
+    caches = [vs.Vllm._halves(c) for c in [first] + [first.clone() for _ in range(copies - 1)]]
+    qt = torch.from_numpy(q.reshape(t, case.h, case.d)).to(dtype)
+    out = torch.empty_like(qt)
+    starts = torch.tensor([0, t], dtype=torch.int32)
+    lens = torch.tensor([total], dtype=torch.int32)
+    before = torch.get_num_threads()
+    torch.set_num_threads(case.threads or ia.get_num_threads())
+    try:
+        meta = ops.cpu_attn_get_scheduler_metadata(1, case.h, case.hkv, case.d, lens, dtype, starts,
+                                                   True, -1, isa, True, None, kv_dtype)
+
+        def call(i):
+            ops.cpu_attention_with_kv_cache(qt, *caches[i], out, starts, lens, case.d ** -0.5,
+                                            True, None, -1, table, 0.0, meta, None, None, 1.0,
+                                            1.0, kv_dtype)
+        times = _bench._timed(call, copies, 10, budget)
+    finally:
+        torch.set_num_threads(before)
+    dec = _bench._stats(times)
+    return {"copies": copies, "bytes": nbytes, "time": dec, "gbps": nbytes / dec["median"] / 1e9,
+            "gflops": case.flops / dec["median"] / 1e9, "isa": isa}
+
+
+def model_cases(impls):
+    """The real models' shapes for each implementation named: GQA 32/8 hot at 512 and 2048 and
+    from DRAM at 8192 and 32768; Gemma's 4/1 x 256 from DRAM at 1024 and 4096; the prompt
+    chunks."""
+    cases = []
+    for impl in impls:
+        cases += [Case(impl, *GQA, s, "hot") for s in (512, 2048)]
+        cases += [Case(impl, *GQA, s, "cold") for s in (8192, 32768)]
+        cases += [Case(impl, *GEMMA, s, "cold") for s in (1024, 4096)]
+        cases += [Case(impl, *shape, s, "hot", queries=T) for shape, s in PREFILL]
+    return cases
 
 
 def full_cases():
@@ -38,6 +112,12 @@ def full_cases():
         cases += [Case("int8attn", 8, 8, 128, s, regime, k_bits=k_bits, v_bits=v_bits)
                   for s, regime in ((2048, "hot"), (8192, "hot"), (8192, "cold"), (32768, "cold"))]
     cases += [Case("int8attn", 32, 8, 128, 8192, "hot", k_bits=4, v_bits=4)]
+    cases += model_cases(["int8attn"])          # and their twins at 8/8, 4/4 and 8/4:
+    cases += [Case("int8attn", 8, 8, 128, s, "hot") for s in (512, 2048)]
+    cases += [Case("int8attn", 8, 8, 128, 32768, "cold")]
+    for k_bits, v_bits in ((4, 4), (8, 4)):
+        cases += [Case("int8attn", *GQA, s, regime, k_bits=k_bits, v_bits=v_bits)
+                  for s, regime in ((2048, "hot"), (8192, "hot"), (8192, "cold"), (32768, "cold"))]
     for t in range(1, n + 1):
         cases += [Case("int8attn", 8, 8, 128, s, regime, threads=t)
                   for s, regime in ((512, "hot"), (8192, "hot"), (8192, "cold"))]
@@ -46,6 +126,8 @@ def full_cases():
     for impl in baselines:
         cases += [Case(impl, 8, 8, 128, s, "hot") for s in SEED]
         cases += [Case(impl, 8, 8, 128, 8192, "cold"), Case(impl, 32, 8, 128, 8192, "hot")]
+    cases += model_cases([b for b in baselines if b in ("torch-fp32", "torch-bf16")]
+                         + (list(VLLM) if vllm_available() else []))
     return list(dict.fromkeys(cases))     # drop repeats, keep order
 
 
@@ -55,8 +137,10 @@ def quick_cases():
               Case("int8attn", 8, 8, 128, 8192, "hot", threads=1),
               Case("numpy-fp32", 8, 8, 128, 2048, "hot"),
               Case("int8attn", 8, 8, 128, 8192, "hot", k_bits=4, v_bits=4)]
+    cases += [Case("int8attn", *GQA, 2048, "hot", queries=64)]
     if _bench.torch_available():
-        cases += [Case("torch-fp32", 8, 8, 128, 8192, "cold")]
+        cases += [Case("torch-fp32", 8, 8, 128, 8192, "cold"),
+                  Case("torch-fp32", *GQA, 2048, "hot", queries=64)]
     return cases
 
 
@@ -150,7 +234,7 @@ def print_targets(results, default_tier, contention=()):
     def ours(tokens, regime, h=8, bits=(8, 8)):
         return find_tier(results, "", default_tier, impl="int8attn", h=h, tokens=tokens,
                          regime=regime, q_bits=16, threads=0, rotate=True, k_bits=bits[0],
-                         v_bits=bits[1])
+                         v_bits=bits[1], queries=1)
 
     def frac(tokens, regime):
         r = ours(tokens, regime)
@@ -187,10 +271,89 @@ def print_targets(results, default_tier, contention=()):
         if g and b:
             x = g["time"]["median"] / b["time"]["median"]
             lines.append((f"{regime} {s}: 4/4 at most {most}x the time of 8/8", x, x <= most))
+    lines += model_targets(results, ours)
     if lines:
         print("\ntargets (medians of this run):")
         for text, value, ok in lines:
             print(f"  {'met ' if ok else 'MISS'}  {text}: {value:.2f}")
+
+
+def model_targets(results, ours):
+    """Issue 31's targets at the real models' shapes, each from this run's medians."""
+    lines = []
+
+    def time_of(r):
+        return r["time"]["median"]
+
+    for s in (8192, 32768):
+        g, b = ours(s, "cold", h=32), ours(s, "cold")
+        if g and b:
+            x = time_of(g) / time_of(b)
+            lines.append((f"cold {s}: GQA 32/8 within 1.2x of 8/8", x, x <= 1.2))
+    for s in (1024, 4096):
+        r = find(results, impl="int8attn", h=4, hkv=1, d=256, tokens=s, regime="cold", k_bits=8)
+        if r:
+            f = r["fraction_of_probe"]
+            lines.append((f"cold {s}: Gemma 4/1 x 256 at >= 0.85 of the probe", f, f >= 0.85))
+    for s in (512, 2048):
+        g = ours(s, "hot", h=32)
+        peers = [find(results, impl=i, h=32, tokens=s, regime="hot", queries=1) for i in VLLM]
+        peers = [p for p in peers if p]
+        if g and peers:
+            x = min(time_of(p) for p in peers) / time_of(g)
+            lines.append((f"hot {s}: GQA 32/8 >= 1.5x faster than the fastest vLLM kernel", x,
+                          x >= 1.5))
+    for (h, hkv, d), s in PREFILL:
+        mine = find(results, impl="int8attn", h=h, hkv=hkv, d=d, tokens=s, queries=T, k_bits=8)
+        for impl, most in (("torch-fp32", 3), ("torch-bf16", 2)):
+            sdpa = find(results, impl=impl, h=h, hkv=hkv, d=d, tokens=s, queries=T)
+            if mine and sdpa:
+                x = time_of(sdpa) / time_of(mine)
+                lines.append((f"prefill {T} over {s}, {h}/{hkv} x {d}: >= {most}x faster than "
+                              f"SDPA {impl[6:]} ({mine['gflops']:.0f} GFLOP/s)", x, x >= most))
+    for bits in ((4, 4), (8, 4)):
+        for s, regime in ((8192, "hot"), (2048, "hot"), (8192, "cold"), (32768, "cold")):
+            for h in (8, 32):
+                g, b = ours(s, regime, h=h, bits=bits), ours(s, regime, h=h)
+                if g and b and s > 2048:
+                    x = time_of(g) / time_of(b)
+                    lines.append((f"{regime} {s}, {h}/8: {bits[0]}/{bits[1]} no slower than 8/8",
+                                  x, x <= 1.0))
+    for h in (8, 32):
+        g, b = ours(32768, "cold", h=h, bits=(4, 4)), ours(32768, "cold", h=h)
+        if g and b:
+            x = time_of(g) / time_of(b)
+            lines.append((f"cold 32768, {h}/8: 4/4 at most 0.7x of 8/8", x, x <= 0.7))
+    return lines
+
+
+def print_models(results):
+    """The real models' shapes side by side (README's speed table): int8attn's default format
+    and each peer this run found, ms per call (medians); prompt chunks also GFLOP/s."""
+    peers = [i for i in ("torch-fp32", "torch-bf16") + VLLM if find(results, impl=i)]
+    rows = []
+    for (h, hkv, d) in ((8, 8, 128), GQA, GEMMA):
+        for r in results:
+            c = r["case"]
+            if (c["impl"], c["h"], c["hkv"], c["d"], c["q_bits"], c["tier"], c["threads"],
+                    c["rotate"], c["k_bits"], c["v_bits"]) != ("int8attn", h, hkv, d, 16, "", 0,
+                                                               True, 8, 8):
+                continue
+            others = [find(results, impl=i, h=h, hkv=hkv, d=d, tokens=c["tokens"],
+                           regime=c["regime"], queries=c["queries"], threads=0) for i in peers]
+            if not any(others):
+                continue
+            what = (f"{c['queries']} queries over {c['tokens']}" if c["queries"] > 1
+                    else f"{c['tokens']}, {'from DRAM' if c['regime'] == 'cold' else 'hot'}")
+            ms = r["time"]["median"] * 1e3
+            cell = f"{ms:.3g}" + (f" ({r['gflops']:.0f} GFLOP/s)" if c["queries"] > 1 else
+                                  f" ({r['fraction_of_probe']:.2f} of probe)")
+            cells = [f"{o['time']['median'] * 1e3:.3g} ({o['time']['median'] * 1e3 / ms:.1f}x)"
+                     if o else "" for o in others]
+            rows.append([f"{h}/{hkv} x {d}", what, cell] + cells)
+    if rows:
+        print("\nreal models' shapes: ms per call, medians (a peer's time over int8attn's):")
+        print(_bench.markdown_table(["heads x D", "context", "int8attn"] + peers, rows, labels=2))
 
 
 def main(argv=None):
@@ -201,6 +364,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     cases = quick_cases() if args.quick else full_cases()
     budget = args.budget or (0.25 if args.quick else 1.5)
+    if vllm_available():
+        _bench.RUNNERS.update(dict.fromkeys(VLLM, run_vllm))
     results = _bench.run_cases(cases, budget)
     costs = [] if args.quick else [_bench.format_cost(s, 2 * budget) for s in SEED]
     cpus = _bench.machine_info()["affinity_cpus"]
@@ -218,6 +383,7 @@ def main(argv=None):
     print_table(results)
     print_rotation(results, rep["tier"], costs)
     print_contention(load)
+    print_models(results)
     print_targets(results, rep["tier"], load)
     print(f"\nreport: {out}")
 

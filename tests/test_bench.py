@@ -22,3 +22,17 @@ def test_interleaved_implementations_share_the_cold_working_set(monkeypatch):
     assert _bench.cold_copies(100 << 20) == 39                 # 3840 MiB of 100 MiB copies
     assert _bench.cold_copies(100 << 20, share=8) == 5         # 480 MiB each, 3840 MiB in all
     assert _bench.cold_copies(4 << 30, share=8) == 2           # never fewer than two
+
+
+def test_a_prompt_chunk_case_counts_its_causal_work_and_meets_the_contract():
+    """A case of T queries after S cached tokens: query t sees S + t + 1 positions, so the
+    FLOPs are 4 D H (T S + T (T + 1) / 2); its int8attn run (prefill, truncated back between
+    calls) is checked against each probed query's own history, a cache cut after it (the full
+    cache's dequantize would hold the later positions' codes where that query read floats)."""
+    case = _bench.Case("int8attn", 4, 2, 32, 300, "hot", queries=70)
+    assert case.flops == 4 * 32 * 4 * (70 * 300 + 70 * 71 // 2)
+    assert case.name == "int8attn/h4/kv2/d32/s300/T70/hot/q16/default/tdefault"
+    assert _bench.Case("int8attn", 4, 2, 32, 300).flops == 4 * 32 * 4 * 300
+    r = _bench.run_case(case, budget=0.01)
+    assert r["error_vs_reference"] < 1e-3
+    assert r["gflops"] > 0 and r["time"]["n"] >= 4

@@ -45,18 +45,30 @@ class Case:
                             # recent window kept as floats); False: the seed's plain format
     k_bits: int = 8         # int8attn only: a KVCache with K and V at these bits (8 or 4)
     v_bits: int = 8
+    queries: int = 1        # > 1: a prompt chunk of that many queries after the `tokens` cached
+                            # ones (int8attn: prefill, the rows appended and truncated away
+                            # again between calls, untimed; the others: causal attention of the
+                            # queries over tokens + queries positions); hot only
 
     @property
     def name(self):
         """Stable id of the case: what the regression gate matches reports by."""
-        parts = [self.impl, f"h{self.h}", f"kv{self.hkv}", f"d{self.d}", f"s{self.tokens}",
-                 self.regime]
+        parts = [self.impl, f"h{self.h}", f"kv{self.hkv}", f"d{self.d}", f"s{self.tokens}"]
+        parts += ([f"T{self.queries}"] if self.queries > 1 else []) + [self.regime]
         if self.impl == "int8attn":
             parts += [f"q{self.q_bits}", self.tier or "default"] + ([] if self.rotate else ["plain"])
             if (self.k_bits, self.v_bits) != (8, 8):
                 parts.append(f"k{self.k_bits}v{self.v_bits}")
         parts.append(f"t{self.threads}" if self.threads else "tdefault")
         return "/".join(parts)
+
+    @property
+    def flops(self):
+        """Attention's floating-point operations: 4 D per (query head, visible position)
+        (the two products with K and V, a multiply and an add each)."""
+        t = self.queries
+        seen = t * self.tokens + t * (t + 1) // 2 if t > 1 else self.tokens
+        return 4 * self.d * self.h * seen
 
 
 def _cache_for(case):
@@ -141,9 +153,12 @@ def _stats(times):
 
 
 def _data(case, rng):
-    k = rng.standard_normal((case.tokens, case.hkv, case.d), dtype=np.float32)
-    v = rng.standard_normal((case.tokens, case.hkv, case.d), dtype=np.float32)
-    q = rng.standard_normal((case.h, case.d), dtype=np.float32)
+    """k, v [S, Hkv, D] and q [H, D]; with T > 1 queries, S = tokens + T and q [T, H, D] (the
+    last T positions')."""
+    extra = case.queries if case.queries > 1 else 0
+    k = rng.standard_normal((case.tokens + extra, case.hkv, case.d), dtype=np.float32)
+    v = rng.standard_normal((case.tokens + extra, case.hkv, case.d), dtype=np.float32)
+    q = rng.standard_normal(((extra,) if extra else ()) + (case.h, case.d), dtype=np.float32)
     return k, v, q
 
 
@@ -160,7 +175,41 @@ def _setting(get, set_, value):
         set_(before)
 
 
+def run_prefill(case, budget, rng):
+    """A prompt chunk over the cache: ``prefill`` of the case's T rows and queries into a cache
+    holding `tokens`, timed; ``truncate(tokens)`` between calls, untimed."""
+    k, v, q = _data(case, rng)
+    s, t = case.tokens, case.queries
+    cache = _cache_for(dataclasses.replace(case, tokens=s + t))
+    cache.append(k[:s], v[:s])
+    out = np.empty_like(q)
+    times = []
+    with _setting(isa, _cache._set_isa, case.tier) as tier, \
+            _setting(get_num_threads, set_num_threads, case.threads) as max_threads:
+        got = cache.prefill(k[s:], v[s:], q, q_bits=case.q_bits)
+        start, i = time.perf_counter(), 0
+        while i < 5 or time.perf_counter() - start < budget:
+            cache.truncate(s)
+            t0 = time.perf_counter()
+            cache.prefill(k[s:], v[s:], q, q_bits=case.q_bits, out=out)
+            times.append(time.perf_counter() - t0)
+            i += 1
+        used = _cache._plan(cache, case.h, t)["threads"]
+    err = 0.0       # three queries, each against what a cache cut after it dequantizes to
+    for i in (0, t // 3, t - 1):
+        cut = _cache_for(dataclasses.replace(case, tokens=s + i + 1))
+        cut.append(k[:s + i + 1], v[:s + i + 1])
+        ref = attention(q[i], *cut.dequantize())
+        err = max(err, float(np.max(np.max(np.abs(got[i] - ref), axis=1) / np.max(np.abs(ref), axis=1))))
+    dec = _stats(times[1:])
+    return {"tier": tier, "threads": used, "max_threads": max_threads, "copies": 1,
+            "bytes": cache_bytes(case), "time": dec, "gbps": cache_bytes(case) / dec["median"] / 1e9,
+            "gflops": case.flops / dec["median"] / 1e9, "error_vs_reference": err}
+
+
 def run_int8attn(case, budget, rng):
+    if case.queries > 1:
+        return run_prefill(case, budget, rng)
     k, v, q = _data(case, rng)
     nbytes = cache_bytes(case)
     copies = cold_copies(nbytes) if case.regime == "cold" else 1
@@ -324,27 +373,38 @@ def run_torch(case, budget, rng):
     k, v, q = _data(case, rng)
     kt = torch.from_numpy(np.ascontiguousarray(k.transpose(1, 0, 2)))[None].to(dtype)
     vt = torch.from_numpy(np.ascontiguousarray(v.transpose(1, 0, 2)))[None].to(dtype)
-    qt = torch.from_numpy(q)[None, :, None, :].to(dtype)
+    kw = {"enable_gqa": True} if case.h != case.hkv else {}
+    if case.queries > 1:                    # [1, H, T, D], query t sees positions <= tokens + t
+        qt = torch.from_numpy(np.ascontiguousarray(q.transpose(1, 0, 2)))[None].to(dtype)
+        t, s = case.queries, case.tokens
+        kw["attn_mask"] = torch.from_numpy(np.arange(s + t)[None, :] <= s + np.arange(t)[:, None])
+    else:
+        qt = torch.from_numpy(q)[None, :, None, :].to(dtype)
     nbytes = 2 * kt.numel() * kt.element_size()
     copies = cold_copies(nbytes) if case.regime == "cold" else 1
     sets = [(kt, vt)] + [(kt.clone(), vt.clone()) for _ in range(copies - 1)]
     before = torch.get_num_threads()
     torch.set_num_threads(case.threads or get_num_threads())
-    gqa = {"enable_gqa": True} if case.h != case.hkv else {}
     try:
         with torch.inference_mode():
-            times = _timed(lambda i: F.scaled_dot_product_attention(qt, *sets[i], **gqa),
+            times = _timed(lambda i: F.scaled_dot_product_attention(qt, *sets[i], **kw),
                            copies, 10, budget)
     finally:
         torch.set_num_threads(before)
     dec = _stats(times)
     return {"copies": copies, "bytes": nbytes, "time": dec, "gbps": nbytes / dec["median"] / 1e9,
-            "torch_version": torch.__version__}
+            "gflops": case.flops / dec["median"] / 1e9, "torch_version": torch.__version__}
+
+
+# Runners by impl beside int8attn's, numpy's and torch's: benchmarks/run.py adds vLLM's kernels
+# when vLLM is installed (a runner takes case, budget, rng and returns the case's result dict).
+RUNNERS = {}
 
 
 def run_case(case, budget=0.5, seed=0):
     rng = np.random.default_rng(seed)
-    runner = {"int8attn": run_int8attn, "numpy-fp32": run_numpy}.get(case.impl, run_torch)
+    runner = {"int8attn": run_int8attn, "numpy-fp32": run_numpy, **RUNNERS}.get(case.impl,
+                                                                                 run_torch)
     result = runner(case, budget, rng)
     return {"name": case.name, "case": dataclasses.asdict(case), **result}
 
