@@ -44,10 +44,12 @@ F32_WINDOW = {"v3_f32window"}
 # within the contract: the float V sums of v1 and v2 became the integer V pass with two, then
 # three weight planes (cdc1d76, 77028bd): v1_rotated 2.2e-6, v2_centered 1.5e-6 (T = 3, the
 # worse); K at 4 bits got fixed residual plane scales (89391a9): 3769bb4, which writes these v4
-# files bit for bit, decodes v4_k4v4 1.5e-5 from today. The files of 3c91a6d and later decode as
-# they did then. The bound is about 7 times the largest of these, 10 times tighter than the
-# contract.
-DRIFT = 1e-4
+# files bit for bit, decodes v4_k4v4 1.5e-5 from today. V at 8 bits went from three weight
+# planes to two plus each chunk's largest weight in float (issue 31): the 8/8 files decode
+# 1.1-1.44e-4 from their old outputs (gaussian data: nearly flat weights, where two planes round
+# each weight to about 1 / 32258 of the next largest). The bound is about 1.4 times the largest
+# of these, 5 times tighter than the contract.
+DRIFT = 2e-4
 # v1's dequantize rotated back in float64 (numpy) and rounded once; the engine's does it in
 # float32: at most 2 float32 steps of the row's absmax apart on these files (measured), bounded
 # here by 8.

@@ -228,16 +228,21 @@ def window_rows(cache):
 # The contract's softmax chunk (I8A_CHUNK, _simd/dispatch.h) and the weights' integer planes
 # (I8A_WPLANES, _simd/planes/scalar.h).
 CHUNK = 256
-WEIGHT_PLANES = 3
+WEIGHT_PLANES = 2
 
 
 def weight_planes(w):
-    """The V pass's weights w [..., n] (>= 0, one chunk along the last axis) as the kernel keeps
-    them, float64: WEIGHT_PLANES planes of integers 0 .. 127 with steps ``top / 127``, ``top /
-    127**2``, ``top / 127**3`` (``top`` the largest weight; none when it is 0): each plane but the
-    last takes the floor of what the ones before left, the last rounds it to nearest. Returns the
-    sum of the planes times their steps, within ``top / (2 * 127**3)`` of w."""
+    """The V pass's weights w [..., n] (>= 0, one chunk along the last axis) as the kernel uses
+    them, float64: the largest of each row exact (the first position holding it: the top row,
+    added in float), the others in WEIGHT_PLANES planes of integers 0 .. 127 with steps
+    ``top2 / 127``, ``top2 / 127**2`` (``top2`` the largest of the others; none when it is 0):
+    each plane but the last takes the floor of what the ones before left, the last rounds it to
+    nearest. Returns the weights so kept, each within ``top2 / (2 * 127**2)`` of w."""
     w = np.asarray(w, np.float64)
+    at = np.argmax(w, axis=-1)[..., None]
+    keep = np.zeros_like(w)
+    np.put_along_axis(keep, at, np.take_along_axis(w, at, axis=-1), axis=-1)
+    w = w - keep
     top = w.max(axis=-1, keepdims=True)
     some = top > 0
     step = np.where(some, top, 1.0)
@@ -247,7 +252,7 @@ def weight_planes(w):
         last = k == WEIGHT_PLANES - 1
         b = np.clip(np.rint(rest / step) if last else np.floor(rest / step), 0, 127)
         out, rest = out + b * step, rest - b * step
-    return np.where(some, out, 0.0)
+    return np.where(some, out, 0.0) + keep
 
 
 def emulate(q, cache, *, scale=None, q_bits=16):

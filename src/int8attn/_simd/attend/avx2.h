@@ -31,13 +31,14 @@ static void i8a_attend_avx2(const i8a_query *q, const i8a_span *kv, float *scrat
             _mm256_store_ps(p + s, _mm256_mul_ps(_mm256_load_ps(p + s), _mm256_loadu_ps(kv->vs + s)));
         for (; s < n; s++)
             p[s] = p[s] * kv->vs[s];
-        i8a_planes_avx2(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j));
+        i8a_planes_avx2(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j), I8A_WPLANES8);
     }
     size_t j = 0, pf_n = kv->next_n;   /* the first group prefetches the next chunk's V */
     for (; j + 2 <= nq; j += 2, pf_n = 0)
         i8a_vtiles_group_avx2(scratch, nq, j, 2, kv, d, out->o, pf_n);
     if (j < nq)
         i8a_vtiles_group_avx2(scratch, nq, j, 1, kv, d, out->o, pf_n);
+    i8a_vtop_avx2(scratch, nq, kv, d, 0, out->o);
 }
 
 /* attend4 (dispatch.h) in attend's order: K at 8 bits by attend's dots, at 4 bits group by
@@ -72,10 +73,12 @@ I8A_INLINE void i8a_attend4_body_avx2(const i8a_query *q, const i8a_span *kv, fl
             _mm256_store_ps(p + s, _mm256_mul_ps(_mm256_load_ps(p + s), _mm256_loadu_ps(kv->vs + s)));
         for (; s < n; s++)
             p[s] = p[s] * kv->vs[s];
-        i8a_planes_avx2(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j));
+        i8a_planes_avx2(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j),
+                        v4 ? I8A_WPLANES4 : I8A_WPLANES8);
     }
     if (v4) {
         i8a_v4pass_avx2(scratch, nq, kv, d, out->o);
+        i8a_vtop_avx2(scratch, nq, kv, d, 1, out->o);
         return;
     }
     size_t j = 0, pf_n = kv->next_n;
@@ -83,6 +86,7 @@ I8A_INLINE void i8a_attend4_body_avx2(const i8a_query *q, const i8a_span *kv, fl
         i8a_vtiles_group_avx2(scratch, nq, j, 2, kv, d, out->o, pf_n);
     if (j < nq)
         i8a_vtiles_group_avx2(scratch, nq, j, 1, kv, d, out->o, pf_n);
+    i8a_vtop_avx2(scratch, nq, kv, d, 0, out->o);
 }
 
 /* The three entries of attend[k][v] with a side at 4 bits: the body above, its flags constant. */

@@ -23,7 +23,7 @@ static void i8a_attend_avx512_vnni(const i8a_query *q, const i8a_span *kv, float
                                                q->bias[j], q->softcap, q->inv_softcap, kv->ks, n, p);
         out->m[j] = m;
         out->l[j] = i8a_softmax_avx512_vnni(p, kv->vs, n, m);
-        i8a_planes_avx512_vnni(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j));
+        i8a_planes_avx512_vnni(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j), I8A_WPLANES8);
     }
     size_t j = 0, pf_n = kv->next_n;   /* the first group prefetches the next chunk's V */
     for (; j + 4 <= nq; j += 4, pf_n = 0)
@@ -34,6 +34,7 @@ static void i8a_attend_avx512_vnni(const i8a_query *q, const i8a_span *kv, float
     case 1: i8a_vtiles_group_avx512_vnni(scratch, nq, j, 1, kv, d, out->o, pf_n); break;
     default: break;
     }
+    i8a_vtop_avx512_vnni(scratch, nq, kv, d, 0, out->o);
 }
 
 /* attend4 (dispatch.h) in attend's order, the 4-bit passes vectorized: K at 8 bits by attend's
@@ -64,10 +65,12 @@ I8A_INLINE void i8a_attend4_body_avx512_vnni(const i8a_query *q, const i8a_span 
                                                  i8a_vmin_sum_at(scratch, nq, j));
         else
             out->l[j] = i8a_softmax_avx512_vnni(p, kv->vs, n, m);
-        i8a_planes_avx512_vnni(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j));
+        i8a_planes_avx512_vnni(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j),
+                               v4 ? I8A_WPLANES4 : I8A_WPLANES8);
     }
     if (v4) {
         i8a_v4pass_avx512_vnni(scratch, nq, kv, d, out->o);
+        i8a_vtop_avx512_vnni(scratch, nq, kv, d, 1, out->o);
         return;
     }
     size_t j = 0, pf_n = kv->next_n;
@@ -79,6 +82,7 @@ I8A_INLINE void i8a_attend4_body_avx512_vnni(const i8a_query *q, const i8a_span 
     case 1: i8a_vtiles_group_avx512_vnni(scratch, nq, j, 1, kv, d, out->o, pf_n); break;
     default: break;
     }
+    i8a_vtop_avx512_vnni(scratch, nq, kv, d, 0, out->o);
 }
 
 /* The three entries of attend[k][v] with a side at 4 bits: the body above, its flags constant. */

@@ -8,7 +8,7 @@
 /* attend4 (dispatch.h) in the order of i8a_attend_scalar: per query head, the logits (K at 8
  * or 4 bits), m, p = exp(logit - m), l = the 16-lane sum of p; with V at 4 bits also sum_s p_s
  * vmin_s in the same lane order (multiply, then add); the weights p * vs (V's scales or steps)
- * in three integer planes; then the V pass of the side's width. */
+ * in integer planes and the top row; then the V pass of the side's width. */
 I8A_INLINE void i8a_attend4_body(const i8a_query *q, const i8a_span *kv, float *scratch,
                                  const i8a_state *out, const int k4, const int v4)
 {
@@ -27,7 +27,8 @@ I8A_INLINE void i8a_attend4_body(const i8a_query *q, const i8a_span *kv, float *
         }
         for (size_t s = 0; s < n; s++)
             p[s] = p[s] * kv->vs[s];
-        i8a_planes_scalar(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j));
+        i8a_planes_scalar(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j),
+                          v4 ? I8A_WPLANES4 : I8A_WPLANES8);
         *i8a_vmin_sum_at(scratch, nq, j) = i8a_reduce_lanes(mlane);
         out->m[j] = m;
         out->l[j] = i8a_reduce_lanes(lane);
@@ -36,13 +37,14 @@ I8A_INLINE void i8a_attend4_body(const i8a_query *q, const i8a_span *kv, float *
         i8a_vpass4_scalar(scratch, nq, kv, d, out->o);
     else
         i8a_vpass8_scalar(scratch, nq, kv, d, out->o);
+    i8a_vtop_all(scratch, nq, kv, d, v4, out->o);
 }
 
 /* Each query head against a chunk, in the contract's order:
  *   logit[s] by i8a_logit_capped (kdots/scalar.h);  m = max_s logit[s];
  *   p[s] = exp(logit[s] - m);  l = the 16-lane sum of p (core/scalar.h);
- *   w[s] = p[s] * v_scale[s] into three integer planes, and o from their integer sums
- *   (planes/scalar.h, vpass/scalar.h) */
+ *   w[s] = p[s] * v_scale[s]: the largest kept exact, the rest in two integer planes; o from
+ *   their integer sums, then the top row (planes/scalar.h, vpass/scalar.h) */
 static inline void i8a_attend_scalar(const i8a_query *q, const i8a_span *kv, float *scratch,
                               const i8a_state *out)
 {
@@ -56,11 +58,12 @@ static inline void i8a_attend_scalar(const i8a_query *q, const i8a_span *kv, flo
         }
         for (size_t s = 0; s < kv->n; s++)
             p[s] = p[s] * kv->vs[s];
-        i8a_planes_scalar(p, kv->n, kv->v_lead, i8a_planes_at(scratch, q->nq, j));
+        i8a_planes_scalar(p, kv->n, kv->v_lead, i8a_planes_at(scratch, q->nq, j), I8A_WPLANES8);
         out->m[j] = m;
         out->l[j] = i8a_reduce_lanes(lane);
     }
     i8a_vpass8_scalar(scratch, q->nq, kv, q->d, out->o);
+    i8a_vtop_all(scratch, q->nq, kv, q->d, 0, out->o);
 }
 
 /* attend[k][v] with a side at 4 bits: the body above (the reference of every tier's), its

@@ -33,11 +33,11 @@ I8A_INLINE void i8a_v4tiles_block_avx2(const uint8_t *const *planes, const float
                                        size_t e, float *o, const int8_t *pf, size_t pf_n)
 {
     const __m256i nib = _mm256_set1_epi8(0x0f);
-    __m256i acc[2][I8A_WPLANES][2];
+    __m256i acc[2][I8A_WPLANES4][2];
 #pragma GCC unroll 2
     for (int h = 0; h < nh; h++)
 #pragma GCC unroll 3
-        for (int k = 0; k < I8A_WPLANES; k++)
+        for (int k = 0; k < I8A_WPLANES4; k++)
             acc[h][k][0] = acc[h][k][1] = _mm256_setzero_si256();
     for (size_t t = 0; t < tiles; t++) {
         if (I8A_V_TILE * t < pf_n)              /* the next chunk's V, a tile at a time */
@@ -47,7 +47,7 @@ I8A_INLINE void i8a_v4tiles_block_avx2(const uint8_t *const *planes, const float
 #pragma GCC unroll 2
         for (int h = 0; h < nh; h++)
 #pragma GCC unroll 3
-            for (int k = 0; k < I8A_WPLANES; k++) {
+            for (int k = 0; k < I8A_WPLANES4; k++) {
                 const __m256i pw = i8a_pword_avx2(planes[h] + k * I8A_PLANE_BYTES, t);
                 acc[h][k][0] = i8a_vdot_avx2(acc[h][k][0], pw, x[0]);
                 acc[h][k][1] = i8a_vdot_avx2(acc[h][k][1], pw, x[1]);
@@ -59,7 +59,7 @@ I8A_INLINE void i8a_v4tiles_block_avx2(const uint8_t *const *planes, const float
         i8a_planes_scales(planes[h], sc);
         for (int f = 0; f < 2; f++) {
             __m256 y = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[h][0][f]), _mm256_set1_ps(sc[0]));
-            for (int k = 1; k < I8A_WPLANES; k++)
+            for (int k = 1; k < I8A_WPLANES4; k++)
                 y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[h][k][f]), _mm256_set1_ps(sc[k]), y);
             _mm256_storeu_ps(o + h * d + I8A_NIB_BLOCK * b + 8 * e + 16 * (size_t)f,
                              _mm256_add_ps(y, _mm256_set1_ps(vmin[h])));

@@ -37,11 +37,11 @@ i8a_v4tiles_block_avx512_vnni(const uint8_t *const *planes, const float *vmin, i
                               const int8_t *pf, size_t pf_n)
 {
     const __m512i nib = _mm512_set1_epi8(0x0f);
-    __m512i acc[2][I8A_WPLANES][4];
+    __m512i acc[2][I8A_WPLANES4][4];
 #pragma GCC unroll 2
     for (int h = 0; h < nh; h++)
 #pragma GCC unroll 3
-        for (int k = 0; k < I8A_WPLANES; k++)
+        for (int k = 0; k < I8A_WPLANES4; k++)
 #pragma GCC unroll 4
             for (int u = 0; u < 2 * nb; u++)
                 acc[h][k][u] = _mm512_setzero_si512();
@@ -59,7 +59,7 @@ i8a_v4tiles_block_avx512_vnni(const uint8_t *const *planes, const float *vmin, i
 #pragma GCC unroll 2
         for (int h = 0; h < nh; h++)
 #pragma GCC unroll 3
-            for (int k = 0; k < I8A_WPLANES; k++) {
+            for (int k = 0; k < I8A_WPLANES4; k++) {
                 const __m512i pw = i8a_pword_avx512_vnni(planes[h] + k * I8A_PLANE_BYTES, t);
 #pragma GCC unroll 4
                 for (int u = 0; u < 2 * nb; u++)
@@ -74,7 +74,7 @@ i8a_v4tiles_block_avx512_vnni(const uint8_t *const *planes, const float *vmin, i
         for (int u = 0; u < 2 * nb; u++) {
             __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[h][0][u]), _mm512_set1_ps(sc[0]));
 #pragma GCC unroll 3
-            for (int k = 1; k < I8A_WPLANES; k++)
+            for (int k = 1; k < I8A_WPLANES4; k++)
                 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[h][k][u]), _mm512_set1_ps(sc[k]), y);
             _mm512_storeu_ps(o + h * d + 32 * b0 + 16 * u, _mm512_add_ps(y, _mm512_set1_ps(vmin[h])));
         }

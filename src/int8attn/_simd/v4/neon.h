@@ -40,9 +40,9 @@ I8A_INLINE void i8a_v4pass_neon(float *scratch, size_t nq, const i8a_span *kv, s
         i8a_planes_scales(slot, sc);
         for (size_t b = 0; b < d / I8A_NIB_BLOCK; b++) {
             for (size_t m = 0; m < 4; m += 2) {             /* two loads: 16 dimensions */
-                int32x4_t acc[I8A_WPLANES][4][2];
+                int32x4_t acc[I8A_WPLANES4][4][2];
 #pragma GCC unroll 3
-                for (int k = 0; k < I8A_WPLANES; k++)
+                for (int k = 0; k < I8A_WPLANES4; k++)
 #pragma GCC unroll 4
                     for (int u = 0; u < 4; u++)
                         acc[k][u][0] = acc[k][u][1] = vdupq_n_s32(0);
@@ -62,7 +62,7 @@ I8A_INLINE void i8a_v4pass_neon(float *scratch, size_t nq, const i8a_span *kv, s
                         x1[2 * e + 1] = vreinterpretq_s8_u8(vshrq_n_u8(c2, 4));
                     }
 #pragma GCC unroll 3
-                    for (int k = 0; k < I8A_WPLANES; k++) {
+                    for (int k = 0; k < I8A_WPLANES4; k++) {
                         const uint8_t *pw = slot + k * I8A_PLANE_BYTES + I8A_V_TILE * t;
                         const int8x16_t w0 = vreinterpretq_s8_u32(vld1q_dup_u32((const uint32_t *)pw));
                         const int8x16_t w1 = vreinterpretq_s8_u32(vld1q_dup_u32((const uint32_t *)(pw + 4)));
@@ -80,11 +80,11 @@ I8A_INLINE void i8a_v4pass_neon(float *scratch, size_t nq, const i8a_span *kv, s
                 /* x0[u] covers dims: u even: 32 b + 4 (m + u/2) .., u odd: + 16 */
 #pragma GCC unroll 4
                 for (int u = 0; u < 4; u++) {
-                    int32x4_t sums[I8A_WPLANES];
-                    for (int k = 0; k < I8A_WPLANES; k++)
+                    int32x4_t sums[I8A_WPLANES4];
+                    for (int k = 0; k < I8A_WPLANES4; k++)
                         sums[k] = vpaddq_s32(acc[k][u][0], acc[k][u][1]);
                     const size_t dim = I8A_NIB_BLOCK * b + 4 * (m + (size_t)(u / 2)) + (u % 2 ? 16 : 0);
-                    vst1q_f32(o + j * d + dim, vaddq_f32(i8a_v_out4_neon(sums, sc), vdupq_n_f32(vmin)));
+                    vst1q_f32(o + j * d + dim, vaddq_f32(i8a_v_out4_neon(sums, sc, I8A_WPLANES4), vdupq_n_f32(vmin)));
                 }
             }
         }

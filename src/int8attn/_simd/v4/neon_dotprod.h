@@ -19,11 +19,11 @@ i8a_v4tiles_block_neon_dotprod(const uint8_t *const *planes, const float *vmin, 
                                float *o, const int8_t *pf, size_t pf_n)
 {
     const uint8x16_t nib = vdupq_n_u8(15);
-    int32x4_t acc[2][I8A_WPLANES][4];
+    int32x4_t acc[2][I8A_WPLANES4][4];
 #pragma GCC unroll 2
     for (int h = 0; h < nh; h++)
 #pragma GCC unroll 3
-        for (int k = 0; k < I8A_WPLANES; k++)
+        for (int k = 0; k < I8A_WPLANES4; k++)
 #pragma GCC unroll 4
             for (int u = 0; u < 2 * nl; u++)
                 acc[h][k][u] = vdupq_n_s32(0);
@@ -32,11 +32,11 @@ i8a_v4tiles_block_neon_dotprod(const uint8_t *const *planes, const float *vmin, 
     for (; t + 4 <= tiles; t += 4) {
         if (I8A_V_TILE * t < pf_n)              /* the next chunk's V, four tiles at a time */
             i8a_prefetch_rows(pf + t * 2 * d, 8 * d);
-        int8x16_t pw[2][I8A_WPLANES];
+        int8x16_t pw[2][I8A_WPLANES4];
 #pragma GCC unroll 2
         for (int h = 0; h < nh; h++)
 #pragma GCC unroll 3
-            for (int k = 0; k < I8A_WPLANES; k++)
+            for (int k = 0; k < I8A_WPLANES4; k++)
                 pw[h][k] = vreinterpretq_s8_u8(vld1q_u8(planes[h] + k * I8A_PLANE_BYTES + I8A_V_TILE * t));
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
@@ -48,7 +48,7 @@ i8a_v4tiles_block_neon_dotprod(const uint8_t *const *planes, const float *vmin, 
 #pragma GCC unroll 2
                 for (int h = 0; h < nh; h++)
 #pragma GCC unroll 3
-                    for (int k = 0; k < I8A_WPLANES; k++)
+                    for (int k = 0; k < I8A_WPLANES4; k++)
 #pragma GCC unroll 2
                         for (int f = 0; f < 2; f++)
                             acc[h][k][2 * e + f] = i8a_sdot_lane_neon_dotprod(acc[h][k][2 * e + f], x[f], pw[h][k], r);
@@ -64,7 +64,7 @@ i8a_v4tiles_block_neon_dotprod(const uint8_t *const *planes, const float *vmin, 
 #pragma GCC unroll 2
             for (int h = 0; h < nh; h++)
 #pragma GCC unroll 3
-                for (int k = 0; k < I8A_WPLANES; k++) {
+                for (int k = 0; k < I8A_WPLANES4; k++) {
                     const uint8_t *pw = planes[h] + k * I8A_PLANE_BYTES + I8A_V_TILE * t;
                     const int8x16_t w = vreinterpretq_s8_u32(vld1q_dup_u32((const uint32_t *)pw));
 #pragma GCC unroll 2
@@ -79,12 +79,12 @@ i8a_v4tiles_block_neon_dotprod(const uint8_t *const *planes, const float *vmin, 
         i8a_planes_scales(planes[h], sc);
 #pragma GCC unroll 4
         for (int u = 0; u < 2 * nl; u++) {
-            int32x4_t sums[I8A_WPLANES];
+            int32x4_t sums[I8A_WPLANES4];
 #pragma GCC unroll 3
-            for (int k = 0; k < I8A_WPLANES; k++)
+            for (int k = 0; k < I8A_WPLANES4; k++)
                 sums[k] = acc[h][k][u];
             const size_t dim = I8A_NIB_BLOCK * b + 4 * (m0 + (size_t)(u / 2)) + (u % 2 ? 16 : 0);
-            vst1q_f32(o + h * d + dim, vaddq_f32(i8a_v_out4_neon(sums, sc), vdupq_n_f32(vmin[h])));
+            vst1q_f32(o + h * d + dim, vaddq_f32(i8a_v_out4_neon(sums, sc, I8A_WPLANES4), vdupq_n_f32(vmin[h])));
         }
     }
 }

@@ -12,15 +12,15 @@ static inline int32_t i8a_nib_tile(const uint8_t *tile, size_t i, size_t r)
     return i % I8A_NIB_BLOCK < 16 ? b & 15 : b >> 4;
 }
 
-/* Where attend4 keeps head j's sum of p * vmin (V at 4 bits): after its planes' scales. */
+/* Where attend4 keeps head j's sum of p * vmin (V at 4 bits): after its planes' top row. */
 static inline float *i8a_vmin_sum_at(float *scratch, size_t nq, size_t j)
 {
-    return (float *)(i8a_planes_at(scratch, nq, j) + I8A_WPLANES * (I8A_PLANE_BYTES + 4));
+    return (float *)(i8a_planes_at(scratch, nq, j) + I8A_TOP_AT + 2 * sizeof(float));
 }
 
 /* The integer V pass at 4 bits of heads [0, nq): the planes' sums over the span's tiles of
  * codes, then o = i8a_v_out(S) + sum_s p_s vmin_s (the head's vmin sum, in the 16-lane order of
- * the softmax sum). */
+ * the softmax sum); the top row is added after (i8a_vtop_add). */
 static inline void i8a_vpass4_scalar(float *scratch, size_t nq, const i8a_span *kv, size_t d,
                                      float *o)
 {
@@ -31,17 +31,46 @@ static inline void i8a_vpass4_scalar(float *scratch, size_t nq, const i8a_span *
         float sc[I8A_WPLANES];
         i8a_planes_scales(slot, sc);
         for (size_t i = 0; i < d; i++) {
-            int32_t S[I8A_WPLANES] = {0};
+            int32_t S[I8A_WPLANES4] = {0};
             for (size_t t = 0; t < tiles; t++) {
                 const uint8_t *tile = kv->v4 + t * 2 * d;
                 for (size_t r = 0; r < I8A_V_TILE; r++)
-                    for (int k = 0; k < I8A_WPLANES; k++)
+                    for (int k = 0; k < I8A_WPLANES4; k++)
                         S[k] += (int32_t)slot[k * I8A_PLANE_BYTES + t * I8A_V_TILE + r]
                                 * i8a_nib_tile(tile, i, r);
             }
-            o[j * d + i] = i8a_v_out(S, sc) + vmin;
+            o[j * d + i] = i8a_v_out(S, sc, I8A_WPLANES4) + vmin;
         }
     }
+}
+
+/* o [d] += the top row of a head's planes (planes/scalar.h): o[i] = fma(w_top, float(v[at][i]),
+ * o[i]), V's code of the row at 8 bits (i8a_vtile) or at 4 bits (i8a_nib_tile). Every tier
+ * calls it after its V pass, inside its own target region (fmaf is then the FMA instruction). */
+I8A_INLINE void i8a_vtop_add(const uint8_t *slot, const i8a_span *kv, size_t d, int v4, float *o)
+{
+    uint32_t byte;
+    const float w_top = i8a_planes_top(slot, &byte);
+    if (!(w_top > 0.0f))
+        return;
+    const size_t t = byte / I8A_V_TILE, r = byte % I8A_V_TILE;
+    if (v4) {
+        const uint8_t *tile = kv->v4 + t * 2 * d;
+        for (size_t i = 0; i < d; i++)
+            o[i] = fmaf(w_top, (float)i8a_nib_tile(tile, i, r), o[i]);
+    } else {
+        const int8_t *x = i8a_vtile(kv, t, d) + r;
+        for (size_t i = 0; i < d; i++)
+            o[i] = fmaf(w_top, (float)x[I8A_V_TILE * i], o[i]);
+    }
+}
+
+/* i8a_vtop_add for heads [0, nq) of an attend (their o [nq][d]). */
+I8A_INLINE void i8a_vtop_all(float *scratch, size_t nq, const i8a_span *kv, size_t d, int v4,
+                             float *o)
+{
+    for (size_t j = 0; j < nq; j++)
+        i8a_vtop_add(i8a_planes_at(scratch, nq, j), kv, d, v4, o + j * d);
 }
 
 #endif

@@ -32,11 +32,11 @@ I8A_INLINE void
 i8a_vtiles_block_avx2(const uint8_t *const *planes, int nh, int nv, const i8a_span *kv,
                       size_t tiles, size_t d, size_t i0, float *o, size_t pf_lo, size_t pf_hi)
 {
-    __m256i acc[2][I8A_WPLANES][2];
+    __m256i acc[2][I8A_WPLANES8][2];
 #pragma GCC unroll 8
     for (int h = 0; h < nh; h++)
 #pragma GCC unroll 8
-        for (int k = 0; k < I8A_WPLANES; k++)
+        for (int k = 0; k < I8A_WPLANES8; k++)
 #pragma GCC unroll 8
             for (int b = 0; b < nv; b++)
                 acc[h][k][b] = _mm256_setzero_si256();
@@ -53,7 +53,7 @@ i8a_vtiles_block_avx2(const uint8_t *const *planes, int nh, int nv, const i8a_sp
 #pragma GCC unroll 8
                 for (int h = 0; h < nh; h++)
 #pragma GCC unroll 8
-                    for (int k = 0; k < I8A_WPLANES; k++)
+                    for (int k = 0; k < I8A_WPLANES8; k++)
                         acc[h][k][b] = i8a_vdot_avx2(
                             acc[h][k][b], i8a_pword_avx2(planes[h] + k * I8A_PLANE_BYTES, t), xv);
             }
@@ -68,7 +68,7 @@ i8a_vtiles_block_avx2(const uint8_t *const *planes, int nh, int nv, const i8a_sp
         for (int b = 0; b < nv; b++) {
             __m256 y = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[h][0][b]), _mm256_set1_ps(sc[0]));
 #pragma GCC unroll 8
-            for (int k = 1; k < I8A_WPLANES; k++)
+            for (int k = 1; k < I8A_WPLANES8; k++)
                 y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[h][k][b]), _mm256_set1_ps(sc[k]), y);
             _mm256_storeu_ps(o + h * d + i0 + 8 * b, y);
         }
@@ -89,6 +89,47 @@ I8A_INLINE void i8a_vtiles_group_avx2(float *scratch, size_t nq, size_t j, int n
     for (size_t i = 0, b = 0, lo, hi; i < d; i += 8 * (size_t)nv, b++) {
         i8a_vprefetch_share(pf_n, b, nblk, &lo, &hi);
         i8a_vtiles_block_avx2(planes, nh, nv, kv, tiles, d, i, o + j * d, lo, hi);
+    }
+}
+
+/* i8a_vtop_all (v4/scalar.h) with this tier's vectors: each head's top row, its codes widened 8
+ * dimensions at a time (V at 8 bits: byte r of each 32-bit lane of the row's tile; at 4 bits:
+ * the lane's byte r split in its nibbles, dimensions i and i + 16 of a block), added by one fused
+ * multiply-add each (fmaf's rounding). */
+static inline void i8a_vtop_avx2(float *scratch, size_t nq, const i8a_span *kv, size_t d, int v4,
+                                 float *o)
+{
+    const __m256i nib = _mm256_set1_epi32(15);
+    for (size_t j = 0; j < nq; j++) {
+        uint32_t byte;
+        const float w_top = i8a_planes_top(i8a_planes_at(scratch, nq, j), &byte);
+        if (!(w_top > 0.0f))
+            continue;
+        const size_t t = byte / I8A_V_TILE;
+        const __m256i r8 = _mm256_set1_epi32((int)(8 * (byte % I8A_V_TILE)));
+        const __m256 w = _mm256_set1_ps(w_top);
+        float *oj = o + j * d;
+        if (!v4) {
+            const int8_t *x = i8a_vtile(kv, t, d);
+            const __m256i up = _mm256_sub_epi32(_mm256_set1_epi32(24), r8);
+            for (size_t i = 0; i < d; i += 8) {
+                const __m256i c = _mm256_srai_epi32(
+                    _mm256_sllv_epi32(_mm256_loadu_si256((const __m256i *)(x + I8A_V_TILE * i)), up), 24);
+                _mm256_storeu_ps(oj + i, _mm256_fmadd_ps(w, _mm256_cvtepi32_ps(c), _mm256_loadu_ps(oj + i)));
+            }
+        } else {
+            const uint8_t *tile = kv->v4 + t * 2 * d;
+            for (size_t b = 0; b < d; b += I8A_NIB_BLOCK)
+                for (size_t h = 0; h < 2; h++) {      /* lanes 8 h .. 8 h + 7 of the block */
+                    const __m256i x = _mm256_srlv_epi32(
+                        _mm256_loadu_si256((const __m256i *)(tile + 2 * b + 32 * h)), r8);
+                    const __m256i lo = _mm256_and_si256(x, nib);
+                    const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(x, 4), nib);
+                    float *a = oj + b + 8 * h, *c = oj + b + 16 + 8 * h;
+                    _mm256_storeu_ps(a, _mm256_fmadd_ps(w, _mm256_cvtepi32_ps(lo), _mm256_loadu_ps(a)));
+                    _mm256_storeu_ps(c, _mm256_fmadd_ps(w, _mm256_cvtepi32_ps(hi), _mm256_loadu_ps(c)));
+                }
+        }
     }
 }
 

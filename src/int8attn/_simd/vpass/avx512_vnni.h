@@ -26,11 +26,11 @@ i8a_vtiles_block_avx512_vnni(const uint8_t *const *planes, int nh, int nb, const
                              size_t tiles, size_t d, size_t i0, float *o, size_t pf_lo,
                              size_t pf_hi)
 {
-    __m512i acc[4][I8A_WPLANES][8];
+    __m512i acc[4][I8A_WPLANES8][8];
 #pragma GCC unroll 8
     for (int h = 0; h < nh; h++)
 #pragma GCC unroll 8
-        for (int k = 0; k < I8A_WPLANES; k++)
+        for (int k = 0; k < I8A_WPLANES8; k++)
 #pragma GCC unroll 8
             for (int b = 0; b < nb; b++)
                 acc[h][k][b] = _mm512_setzero_si512();
@@ -46,7 +46,7 @@ i8a_vtiles_block_avx512_vnni(const uint8_t *const *planes, int nh, int nb, const
 #pragma GCC unroll 8
             for (int h = 0; h < nh; h++)
 #pragma GCC unroll 8
-                for (int k = 0; k < I8A_WPLANES; k++) {
+                for (int k = 0; k < I8A_WPLANES8; k++) {
                     const __m512i pw = i8a_pword_avx512_vnni(planes[h] + k * I8A_PLANE_BYTES, t);
 #pragma GCC unroll 8
                     for (int b = 0; b < nb; b++)
@@ -64,7 +64,7 @@ i8a_vtiles_block_avx512_vnni(const uint8_t *const *planes, int nh, int nb, const
         for (int b = 0; b < nb; b++) {
             __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[h][0][b]), _mm512_set1_ps(sc[0]));
 #pragma GCC unroll 8
-            for (int k = 1; k < I8A_WPLANES; k++)
+            for (int k = 1; k < I8A_WPLANES8; k++)
                 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[h][k][b]), _mm512_set1_ps(sc[k]), y);
             _mm512_storeu_ps(o + h * d + i0 + 16 * b, y);
         }
@@ -90,6 +90,44 @@ I8A_INLINE void i8a_vtiles_group_avx512_vnni(float *scratch, size_t nq, size_t j
     for (; i < d; i += 16, b++) {
         i8a_vprefetch_share(pf_n, b, nblk, &lo, &hi);
         i8a_vtiles_block_avx512_vnni(planes, nh, 1, kv, tiles, d, i, o + j * d, lo, hi);
+    }
+}
+
+/* i8a_vtop_all (v4/scalar.h) with this tier's vectors: each head's top row, its codes widened 16
+ * dimensions at a time (V at 8 bits: byte r of each 32-bit lane of the row's tile; at 4 bits:
+ * the lane's byte r split in its nibbles, dimensions i and i + 16 of a block), added by one fused
+ * multiply-add each (fmaf's rounding). */
+static inline void i8a_vtop_avx512_vnni(float *scratch, size_t nq, const i8a_span *kv, size_t d,
+                                        int v4, float *o)
+{
+    const __m512i nib = _mm512_set1_epi32(15);
+    for (size_t j = 0; j < nq; j++) {
+        uint32_t byte;
+        const float w_top = i8a_planes_top(i8a_planes_at(scratch, nq, j), &byte);
+        if (!(w_top > 0.0f))
+            continue;
+        const size_t t = byte / I8A_V_TILE;
+        const __m512i r8 = _mm512_set1_epi32((int)(8 * (byte % I8A_V_TILE)));
+        const __m512 w = _mm512_set1_ps(w_top);
+        float *oj = o + j * d;
+        if (!v4) {
+            const int8_t *x = i8a_vtile(kv, t, d);
+            const __m512i up = _mm512_sub_epi32(_mm512_set1_epi32(24), r8);
+            for (size_t i = 0; i < d; i += 16) {
+                const __m512i c = _mm512_srai_epi32(
+                    _mm512_sllv_epi32(_mm512_loadu_si512((const void *)(x + I8A_V_TILE * i)), up), 24);
+                _mm512_storeu_ps(oj + i, _mm512_fmadd_ps(w, _mm512_cvtepi32_ps(c), _mm512_loadu_ps(oj + i)));
+            }
+        } else {
+            const uint8_t *tile = kv->v4 + t * 2 * d;
+            for (size_t b = 0; b < d; b += I8A_NIB_BLOCK) {
+                const __m512i x = _mm512_srlv_epi32(_mm512_loadu_si512((const void *)(tile + 2 * b)), r8);
+                const __m512i lo = _mm512_and_si512(x, nib), hi = _mm512_and_si512(_mm512_srli_epi32(x, 4), nib);
+                _mm512_storeu_ps(oj + b, _mm512_fmadd_ps(w, _mm512_cvtepi32_ps(lo), _mm512_loadu_ps(oj + b)));
+                _mm512_storeu_ps(oj + b + 16,
+                                 _mm512_fmadd_ps(w, _mm512_cvtepi32_ps(hi), _mm512_loadu_ps(oj + b + 16)));
+            }
+        }
     }
 }
 

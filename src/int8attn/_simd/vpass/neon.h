@@ -9,12 +9,12 @@
 #endif
 
 /* Four outputs from their planes' sums (vpass/scalar.h's i8a_v_out, four lanes). */
-I8A_INLINE float32x4_t i8a_v_out4_neon(const int32x4_t sums[I8A_WPLANES],
-                                       const float sc[I8A_WPLANES])
+I8A_INLINE float32x4_t i8a_v_out4_neon(const int32x4_t *sums, const float sc[I8A_WPLANES],
+                                       int np)
 {
     float32x4_t r = vmulq_n_f32(vcvtq_f32_s32(sums[0]), sc[0]);
 #pragma GCC unroll 8
-    for (int k = 1; k < I8A_WPLANES; k++)
+    for (int k = 1; k < np; k++)
         r = vfmaq_n_f32(r, vcvtq_f32_s32(sums[k]), sc[k]);
     return r;
 }
@@ -29,11 +29,11 @@ I8A_INLINE void
 i8a_vtiles_block_neon(const uint8_t *const *planes, int nh, int nu, const i8a_span *kv,
                       size_t tiles, size_t d, size_t i0, float *o, size_t pf_n)
 {
-    int32x4_t acc[2][I8A_WPLANES][2][2];    /* [head][plane][vector][dims 0-1, dims 2-3] */
+    int32x4_t acc[2][I8A_WPLANES8][2][2];    /* [head][plane][vector][dims 0-1, dims 2-3] */
 #pragma GCC unroll 8
     for (int h = 0; h < nh; h++)
 #pragma GCC unroll 8
-        for (int k = 0; k < I8A_WPLANES; k++)
+        for (int k = 0; k < I8A_WPLANES8; k++)
 #pragma GCC unroll 8
             for (int u = 0; u < nu; u++)
                 acc[h][k][u][0] = acc[h][k][u][1] = vdupq_n_s32(0);
@@ -48,7 +48,7 @@ i8a_vtiles_block_neon(const uint8_t *const *planes, int nh, int nu, const i8a_sp
 #pragma GCC unroll 8
             for (int h = 0; h < nh; h++)
 #pragma GCC unroll 8
-                for (int k = 0; k < I8A_WPLANES; k++) {
+                for (int k = 0; k < I8A_WPLANES8; k++) {
                     const uint8_t *pw = planes[h] + k * I8A_PLANE_BYTES + I8A_V_TILE * t;
                     const int8x16_t w0 = vreinterpretq_s8_u32(vld1q_dup_u32((const uint32_t *)pw));
                     const int8x16_t w1 = vreinterpretq_s8_u32(vld1q_dup_u32((const uint32_t *)(pw + 4)));
@@ -75,11 +75,11 @@ i8a_vtiles_block_neon(const uint8_t *const *planes, int nh, int nu, const i8a_sp
         i8a_planes_scales(planes[h], sc);
 #pragma GCC unroll 8
         for (int u = 0; u < nu; u++) {
-            int32x4_t sums[I8A_WPLANES];
+            int32x4_t sums[I8A_WPLANES8];
 #pragma GCC unroll 8
-            for (int k = 0; k < I8A_WPLANES; k++)
+            for (int k = 0; k < I8A_WPLANES8; k++)
                 sums[k] = vpaddq_s32(acc[h][k][u][0], acc[h][k][u][1]);
-            vst1q_f32(o + h * d + i0 + 4 * u, i8a_v_out4_neon(sums, sc));
+            vst1q_f32(o + h * d + i0 + 4 * u, i8a_v_out4_neon(sums, sc, I8A_WPLANES8));
         }
     }
 }

@@ -31,11 +31,11 @@ i8a_vtiles_block_neon_dotprod(const uint8_t *const *planes, int nh, int nu, cons
                               size_t tiles, size_t d, size_t i0, float *o,
                               size_t pf_n)
 {
-    int32x4_t acc[4][I8A_WPLANES][8];
+    int32x4_t acc[4][I8A_WPLANES8][8];
 #pragma GCC unroll 8
     for (int h = 0; h < nh; h++)
 #pragma GCC unroll 8
-        for (int k = 0; k < I8A_WPLANES; k++)
+        for (int k = 0; k < I8A_WPLANES8; k++)
 #pragma GCC unroll 8
             for (int u = 0; u < nu; u++)
                 acc[h][k][u] = vdupq_n_s32(0);
@@ -46,11 +46,11 @@ i8a_vtiles_block_neon_dotprod(const uint8_t *const *planes, int nh, int nu, cons
         for (; t + 4 <= end; t += 4) {
             if (I8A_V_TILE * t < pf_n)
                 i8a_prefetch_rows(i8a_next_vrow(kv, I8A_V_TILE * t, d), 4 * I8A_V_TILE * d);
-            int8x16_t pw[4][I8A_WPLANES];
+            int8x16_t pw[4][I8A_WPLANES8];
 #pragma GCC unroll 8
             for (int h = 0; h < nh; h++)
 #pragma GCC unroll 8
-                for (int k = 0; k < I8A_WPLANES; k++)
+                for (int k = 0; k < I8A_WPLANES8; k++)
                     pw[h][k] = vreinterpretq_s8_u8(vld1q_u8(planes[h] + k * I8A_PLANE_BYTES + I8A_V_TILE * t));
 #pragma GCC unroll 4
             for (int r = 0; r < 4; r++) {
@@ -61,7 +61,7 @@ i8a_vtiles_block_neon_dotprod(const uint8_t *const *planes, int nh, int nu, cons
 #pragma GCC unroll 8
                     for (int h = 0; h < nh; h++)
 #pragma GCC unroll 8
-                        for (int k = 0; k < I8A_WPLANES; k++)
+                        for (int k = 0; k < I8A_WPLANES8; k++)
                             acc[h][k][u] = i8a_sdot_lane_neon_dotprod(acc[h][k][u], xv, pw[h][k], r);
                 }
             }
@@ -71,7 +71,7 @@ i8a_vtiles_block_neon_dotprod(const uint8_t *const *planes, int nh, int nu, cons
 #pragma GCC unroll 8
             for (int h = 0; h < nh; h++)
 #pragma GCC unroll 8
-                for (int k = 0; k < I8A_WPLANES; k++) {
+                for (int k = 0; k < I8A_WPLANES8; k++) {
                     const uint8_t *pw = planes[h] + k * I8A_PLANE_BYTES + I8A_V_TILE * t;
                     const int8x16_t w = vreinterpretq_s8_u32(vld1q_dup_u32((const uint32_t *)pw));
 #pragma GCC unroll 8
@@ -87,11 +87,11 @@ i8a_vtiles_block_neon_dotprod(const uint8_t *const *planes, int nh, int nu, cons
         i8a_planes_scales(planes[h], sc);
 #pragma GCC unroll 8
         for (int u = 0; u < nu; u++) {
-            int32x4_t sums[I8A_WPLANES];
+            int32x4_t sums[I8A_WPLANES8];
 #pragma GCC unroll 8
-            for (int k = 0; k < I8A_WPLANES; k++)
+            for (int k = 0; k < I8A_WPLANES8; k++)
                 sums[k] = acc[h][k][u];
-            vst1q_f32(o + h * d + i0 + 4 * u, i8a_v_out4_neon(sums, sc));
+            vst1q_f32(o + h * d + i0 + 4 * u, i8a_v_out4_neon(sums, sc, I8A_WPLANES8));
         }
     }
 }

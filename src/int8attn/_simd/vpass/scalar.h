@@ -11,10 +11,13 @@ static inline void i8a_planes_scales(const uint8_t *slot, float sc[I8A_WPLANES])
     memcpy(sc, slot + I8A_WPLANES * I8A_PLANE_BYTES, I8A_WPLANES * sizeof(float));
 }
 
-/* One output value from its three integer sums (the rule above). */
-static inline float i8a_v_out(const int32_t S[I8A_WPLANES], const float sc[I8A_WPLANES])
+/* One output value from its integer sums, before the top row (planes/scalar.h's rule). */
+static inline float i8a_v_out(const int32_t *S, const float sc[I8A_WPLANES], int np)
 {
-    return fmaf((float)S[2], sc[2], fmaf((float)S[1], sc[1], (float)S[0] * sc[0]));
+    float o = (float)S[0] * sc[0];
+    for (int k = 1; k < np; k++)
+        o = fmaf((float)S[k], sc[k], o);
+    return o;
 }
 
 /* The V tiles a span reads: ceil((v_lead + n) / 4). */
@@ -34,14 +37,14 @@ static inline void i8a_vpass8_scalar(float *scratch, size_t nq, const i8a_span *
         float sc[I8A_WPLANES];
         i8a_planes_scales(slot, sc);
         for (size_t i = 0; i < d; i++) {
-            int32_t S[I8A_WPLANES] = {0};
+            int32_t S[I8A_WPLANES8] = {0};
             for (size_t t = 0; t < tiles; t++) {
                 const int8_t *x = i8a_vtile(kv, t, d) + i * I8A_V_TILE;
                 for (size_t r = 0; r < I8A_V_TILE; r++)
-                    for (int k = 0; k < I8A_WPLANES; k++)
+                    for (int k = 0; k < I8A_WPLANES8; k++)
                         S[k] += (int32_t)slot[k * I8A_PLANE_BYTES + t * I8A_V_TILE + r] * x[r];
             }
-            o[j * d + i] = i8a_v_out(S, sc);
+            o[j * d + i] = i8a_v_out(S, sc, I8A_WPLANES8);
         }
     }
 }
