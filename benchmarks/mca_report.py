@@ -14,9 +14,9 @@ steady state (200 iterations, every load an L1 hit), become cycles per K/V row o
 kv head read by one query head (H = Hkv) or by four (GQA 4):
 
     K dots      4 rows, both q planes, 16 dims per iteration: cycles * 128/16 / 4 per row and head
-    V sums      the three P planes; dotprod: 4 tiles (16 tokens), 1 head x 32 dims or 4 heads x
+    V sums      the P planes (two with V at 8 bits, three at 4); dotprod: 4 tiles (16 tokens), 1 head x 32 dims or 4 heads x
                 4 per iteration; neon: 2 tiles (8 tokens), 1 head x 8 dims or 2 heads x 4
-    P planes    16 weights per iteration, per query head
+    P planes    16 weights per iteration, per query head (V at 8 bits' two planes)
     logits      4 tokens per iteration, per query head
     softmax     16 tokens per iteration, per query head
 
@@ -104,9 +104,9 @@ DOTPROD void mca_v4_4_neon_dotprod(float *scratch, const i8a_span *kv, float *o)
     i8a_v4pass_neon_dotprod(scratch, 4, kv, 128, o);
 }
 
-void mca_planes(const float *w, size_t n, size_t lead, uint8_t *slot)
+void mca_planes(float *w, size_t n, size_t lead, uint8_t *slot)
 {
-    i8a_planes_neon(w, n, lead, slot);
+    i8a_planes_neon(w, n, lead, slot, I8A_WPLANES8);
 }
 
 float mca_logits(const int32_t *dh, const int32_t *dl, float c_hi, float c_lo, float bias,
@@ -129,14 +129,14 @@ PASSES = {
     "neon": [
         ("K dots", "mca_k_neon", "sadalp", 8,            # 4 rows x 2 planes, 16 dims
          lambda c: c * D / 16 / 4, lambda c: 4 * c * D / 16 / 4),
-        ("V sums", ("mca_v1_neon", "mca_v4_neon"), "sadalp", 12,   # 2 tiles (8 tokens) x 3
+        ("V sums", ("mca_v1_neon", "mca_v4_neon"), "sadalp", 8,    # 2 tiles (8 tokens) x 2
          lambda c: c * D / 8 / 8, lambda c: 2 * c * D / 4 / 8),    # planes: 1 head x 8 dims,
     ],                                                             # 2 heads x 4 dims
     "neon_dotprod": [
         ("K dots", "mca_k_neon_dotprod", "sdot", 8,
          lambda c: c * D / 16 / 4, lambda c: 4 * c * D / 16 / 4),
-        ("V sums", ("mca_v1_neon_dotprod", "mca_v4_neon_dotprod"), "sdot", (96, 48),  # 4 tiles
-         lambda c: c * D / 32 / 16, lambda c: c * D / 4 / 16),     # (16 tokens) x 3 planes:
+        ("V sums", ("mca_v1_neon_dotprod", "mca_v4_neon_dotprod"), "sdot", (64, 32),  # 4 tiles
+         lambda c: c * D / 32 / 16, lambda c: c * D / 4 / 16),     # (16 tokens) x 2 planes:
     ],                                                             # 1 head x 32 dims, 4 heads x 4
     # the sides at 4 bits (KVCache): K dots of 4 rows x 3 planes x 32 channels; V sums of 3
     # planes, neon 2 tiles x 16 dims of one head (the same loop for each head), dotprod 4
@@ -154,7 +154,7 @@ PASSES = {
          lambda c: c * D / 16 / 16, lambda c: 2 * c * D / 8 / 16),
     ],
     "shared": [
-        ("P planes", "mca_planes", "frintm", 8,          # 16 weights x 2 floors, per query head
+        ("P planes", "mca_planes", "frintm", 4,          # 16 weights x 1 floor, per query head
          lambda c: c / 16, lambda c: 4 * c / 16),
         ("logits", "mca_logits", "scvtf", 2,             # 4 tokens, both planes
          lambda c: c / 4, lambda c: 4 * c / 4),
