@@ -71,8 +71,10 @@ i8a_vtiles_block_avx512_vnni(const uint8_t *const *planes, int nh, int nb, const
     }
 }
 
-/* The V pass of heads [j, j + NH): blocks of 3 NH NB <= 12 accumulators (GCC 12 spills
- * beyond about 16 of them in this loop), then single vectors for the rest of d. */
+/* The V pass of heads [j, j + NH): blocks of 2 NH NB <= 16 accumulators (GCC 12 spills
+ * beyond about 16 of them in this loop; with three planes the blocks had to stop at 12, and
+ * the wider blocks of two planes take 3-5% off an attend of 2 to 4 heads), then single
+ * vectors for the rest of d. */
 I8A_INLINE void i8a_vtiles_group_avx512_vnni(float *scratch, size_t nq, size_t j, int nh,
                                              const i8a_span *kv, size_t d, float *o, size_t pf_n)
 {
@@ -80,7 +82,7 @@ I8A_INLINE void i8a_vtiles_group_avx512_vnni(float *scratch, size_t nq, size_t j
     for (int h = 0; h < nh; h++)
         planes[h] = i8a_planes_at(scratch, nq, j + (size_t)h);
     const size_t tiles = i8a_v_tiles(kv->v_lead, kv->n);
-    const int nb = nh == 1 ? 4 : nh == 2 ? 2 : 1;
+    const int nb = nh <= 2 ? 4 : 2;
     const size_t wide = d / (16 * (size_t)nb), nblk = wide + (d - wide * 16 * (size_t)nb) / 16;
     size_t i = 0, b = 0, lo, hi;
     for (; b < wide; i += 16 * (size_t)nb, b++) {
