@@ -3,10 +3,12 @@
     python benchmarks/run.py [--quick] [--out benchmarks/results/NAME.json]
 
 Runs every case of benchmarks/README.md (the seed's table per tier and q_bits, hot and cold regimes,
-longer contexts, GQA 32/8, thread scaling 1..N, and the numpy / torch baselines when present),
-then the decode under load (0 .. N busy-loop processes on the N CPUs, 1 thread vs the default),
-prints a table and the issue's targets, and writes the report (machine, versions, commit, tier,
-threads, each figure's min / median / max). Compare two reports with benchmarks/compare.py.
+longer contexts, GQA 32/8, thread scaling 1..N, the real models' shapes and prompt chunks, and the
+numpy / torch / vLLM peers found installed), then the decode under load (0 .. N busy-loop
+processes on the N CPUs, 1 thread vs the default), prints a table, the real models' shapes side
+by side (README's speed table) and the issues' targets, and writes the report (machine,
+versions, commit, tier, threads, each figure's min / median / max). Compare two reports with
+benchmarks/compare.py. With vLLM's peers: run it with the vLLM venv's Python.
 """
 
 import argparse
@@ -82,11 +84,12 @@ def run_vllm(case, budget, rng):
 
 
 def model_cases(impls):
-    """The real models' shapes for each implementation named: GQA 32/8 hot at 512 and 2048 and
-    from DRAM at 8192 and 32768; Gemma's 4/1 x 256 from DRAM at 1024 and 4096; the prompt
-    chunks."""
+    """The real models' shapes for each implementation named: 8/8 x 128 from DRAM at 8192; GQA
+    32/8 hot at 512 and 2048 and from DRAM at 8192 and 32768; Gemma's 4/1 x 256 from DRAM at
+    1024 and 4096; the prompt chunks."""
     cases = []
     for impl in impls:
+        cases += [Case(impl, 8, 8, 128, 8192, "cold")]     # the seed's shape, as a model reads it
         cases += [Case(impl, *GQA, s, "hot") for s in (512, 2048)]
         cases += [Case(impl, *GQA, s, "cold") for s in (8192, 32768)]
         cases += [Case(impl, *GEMMA, s, "cold") for s in (1024, 4096)]
@@ -332,13 +335,19 @@ def print_models(results):
     and each peer this run found, ms per call (medians); prompt chunks also GFLOP/s."""
     peers = [i for i in ("torch-fp32", "torch-bf16") + VLLM if find(results, impl=i)]
     rows = []
+    def order(r):                               # decodes hot, from DRAM, then prompt chunks
+        c = r["case"]
+        return c["queries"] > 1, c["regime"] == "cold", c["tokens"]
+
     for (h, hkv, d) in ((8, 8, 128), GQA, GEMMA):
-        for r in results:
+        for r in sorted(results, key=order):
             c = r["case"]
             if (c["impl"], c["h"], c["hkv"], c["d"], c["q_bits"], c["tier"], c["threads"],
                     c["rotate"], c["k_bits"], c["v_bits"]) != ("int8attn", h, hkv, d, 16, "", 0,
                                                                True, 8, 8):
                 continue
+            if h == hkv and c["regime"] == "hot" and c["queries"] == 1:
+                continue                        # the seed's shape hot: the table above
             others = [find(results, impl=i, h=h, hkv=hkv, d=d, tokens=c["tokens"],
                            regime=c["regime"], queries=c["queries"], threads=0) for i in peers]
             if not any(others):
