@@ -1,6 +1,6 @@
-/* planes/avx2.h: a chunk's softmax and its weights in three integer planes (the V pass's first
- * half); the avx2 tier's, bit for bit planes/scalar.h's rule. Included only by ../avx2.h, inside
- * the tier's target region: its pragma applies to every function here. */
+/* planes/avx2.h: a chunk's softmax and its weights in integer planes and a top row (the V pass's
+ * first half); the avx2 tier's, bit for bit planes/scalar.h's rule. Included only by ../avx2.h,
+ * inside the tier's target region: its pragma applies to every function here. */
 #ifndef I8A_PLANES_AVX2_H
 #define I8A_PLANES_AVX2_H
 

@@ -1,5 +1,5 @@
-/* planes/avx512_vnni.h: a chunk's softmax and its weights in three integer planes (the V pass's
- * first half); the avx512_vnni tier's, bit for bit planes/scalar.h's rule. Included only by
+/* planes/avx512_vnni.h: a chunk's softmax and its weights in integer planes and a top row (the V
+ * pass's first half); the avx512_vnni tier's, bit for bit planes/scalar.h's rule. Included only by
  * ../avx512_vnni.h, inside the tier's target region: its pragma applies to every function here. */
 #ifndef I8A_PLANES_AVX512_VNNI_H
 #define I8A_PLANES_AVX512_VNNI_H

@@ -1,6 +1,6 @@
-/* planes/neon.h: a chunk's softmax and its weights in three integer planes (the V pass's first
- * half); the neon tier's, bit for bit planes/scalar.h's rule. Included only by ../neon.h (the
- * aarch64 baseline: no target pragma), before the neon_dotprod tier's region opens. */
+/* planes/neon.h: a chunk's softmax and its weights in integer planes and a top row (the V pass's
+ * first half); the neon tier's, bit for bit planes/scalar.h's rule. Included only by ../neon.h
+ * (the aarch64 baseline: no target pragma), before the neon_dotprod tier's region opens. */
 #ifndef I8A_PLANES_NEON_H
 #define I8A_PLANES_NEON_H
 

@@ -1,7 +1,7 @@
-/* planes/scalar.h: a chunk's softmax and its weights in three integer planes (the V pass's first
- * half). The rule every tier equals bit for bit (the scalar forms, in the contract's order) and
- * the scalar tier's entries. Baseline C, no ISA attributes; common.h includes every op's scalar.h
- * in dependency order. */
+/* planes/scalar.h: a chunk's softmax and its weights in integer planes and a top row (the V pass's
+ * first half). The rule every tier equals bit for bit (the scalar forms, in the contract's order)
+ * and the scalar tier's entries. Baseline C, no ISA attributes; common.h includes every op's
+ * scalar.h in dependency order. */
 #ifndef I8A_PLANES_SCALAR_H
 #define I8A_PLANES_SCALAR_H
 
