@@ -404,10 +404,12 @@ static void attend_cases(void)
             attend_case(formats[f][0], formats[f][1], formats[f][2], ds[j], 19, 3, 29, 7, 1, 1,
                         0);
         /* groups as a multi-token decode makes them (queries x heads a group): many blocks of
-         * heads over one chunk's tiles, a tail block of one, both precisions */
+         * heads over one chunk's tiles, a tail block of one, both precisions; and a group past
+         * the 64 heads the tiled K pass keeps corrections for (its tiles made per 64 heads) */
         for (int two = 0; two < 2; two++)
             attend_case(formats[f][0], formats[f][1], formats[f][2], 128, 250 - 67 * (size_t)two,
                         1 + (size_t)two, 5, 37 - 4 * (size_t)two, two, 0, 0);
+        attend_case(formats[f][0], formats[f][1], formats[f][2], 64, 77, 2, 9, 70, 1, 0, 0);
     }
 }
 
