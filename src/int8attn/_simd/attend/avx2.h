@@ -38,7 +38,7 @@ static void i8a_attend_avx2(const i8a_query *q, const i8a_span *kv, float *scrat
         i8a_vtiles_group_avx2(scratch, nq, j, 2, kv, d, out->o, pf_n);
     if (j < nq)
         i8a_vtiles_group_avx2(scratch, nq, j, 1, kv, d, out->o, pf_n);
-    i8a_vtop_avx2(scratch, nq, kv, d, 0, out->o);
+    i8a_vtop_with(i8a_vtop_row_avx2, scratch, nq, kv, d, 0, out->o);
 }
 
 /* attend4 (dispatch.h) in attend's order: K at 8 bits by attend's dots, at 4 bits group by
@@ -78,7 +78,7 @@ I8A_INLINE void i8a_attend4_body_avx2(const i8a_query *q, const i8a_span *kv, fl
     }
     if (v4) {
         i8a_v4pass_avx2(scratch, nq, kv, d, out->o);
-        i8a_vtop_avx2(scratch, nq, kv, d, 1, out->o);
+        i8a_vtop_with(i8a_vtop_row_avx2, scratch, nq, kv, d, 1, out->o);
         return;
     }
     size_t j = 0, pf_n = kv->next_n;
@@ -86,7 +86,7 @@ I8A_INLINE void i8a_attend4_body_avx2(const i8a_query *q, const i8a_span *kv, fl
         i8a_vtiles_group_avx2(scratch, nq, j, 2, kv, d, out->o, pf_n);
     if (j < nq)
         i8a_vtiles_group_avx2(scratch, nq, j, 1, kv, d, out->o, pf_n);
-    i8a_vtop_avx2(scratch, nq, kv, d, 0, out->o);
+    i8a_vtop_with(i8a_vtop_row_avx2, scratch, nq, kv, d, 0, out->o);
 }
 
 /* The three entries of attend[k][v] with a side at 4 bits: the body above, its flags constant. */

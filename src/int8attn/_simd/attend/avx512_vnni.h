@@ -34,7 +34,7 @@ static void i8a_attend_avx512_vnni(const i8a_query *q, const i8a_span *kv, float
     case 1: i8a_vtiles_group_avx512_vnni(scratch, nq, j, 1, kv, d, out->o, pf_n); break;
     default: break;
     }
-    i8a_vtop_avx512_vnni(scratch, nq, kv, d, 0, out->o);
+    i8a_vtop_with(i8a_vtop_row_avx512_vnni, scratch, nq, kv, d, 0, out->o);
 }
 
 /* attend4 (dispatch.h) in attend's order, the 4-bit passes vectorized: K at 8 bits by attend's
@@ -70,7 +70,7 @@ I8A_INLINE void i8a_attend4_body_avx512_vnni(const i8a_query *q, const i8a_span 
     }
     if (v4) {
         i8a_v4pass_avx512_vnni(scratch, nq, kv, d, out->o);
-        i8a_vtop_avx512_vnni(scratch, nq, kv, d, 1, out->o);
+        i8a_vtop_with(i8a_vtop_row_avx512_vnni, scratch, nq, kv, d, 1, out->o);
         return;
     }
     size_t j = 0, pf_n = kv->next_n;
@@ -82,7 +82,7 @@ I8A_INLINE void i8a_attend4_body_avx512_vnni(const i8a_query *q, const i8a_span 
     case 1: i8a_vtiles_group_avx512_vnni(scratch, nq, j, 1, kv, d, out->o, pf_n); break;
     default: break;
     }
-    i8a_vtop_avx512_vnni(scratch, nq, kv, d, 0, out->o);
+    i8a_vtop_with(i8a_vtop_row_avx512_vnni, scratch, nq, kv, d, 0, out->o);
 }
 
 /* The three entries of attend[k][v] with a side at 4 bits: the body above, its flags constant. */

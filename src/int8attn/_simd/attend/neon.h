@@ -35,7 +35,7 @@ I8A_INLINE void i8a_attend_with_neon(i8a_dot16_neon_fn dot16, i8a_vpass_neon_fn 
         i8a_planes_neon(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j), I8A_WPLANES8);
     }
     vpass(scratch, nq, kv, d, out->o);
-    i8a_vtop_all(scratch, nq, kv, d, 0, out->o);
+    i8a_vtop_with(i8a_vtop_row_scalar, scratch, nq, kv, d, 0, out->o);
 }
 
 static void i8a_attend_neon(const i8a_query *q, const i8a_span *kv, float *scratch,
@@ -83,7 +83,7 @@ I8A_INLINE void i8a_attend4_with_neon(i8a_dot16_neon_fn dot16, i8a_vpass_neon_fn
                         v4 ? I8A_WPLANES4 : I8A_WPLANES8);
     }
     (v4 ? vpass4 : vpass8)(scratch, nq, kv, d, out->o);
-    i8a_vtop_all(scratch, nq, kv, d, v4, out->o);
+    i8a_vtop_with(i8a_vtop_row_scalar, scratch, nq, kv, d, v4, out->o);
 }
 
 static void i8a_attend_k8v4_neon(const i8a_query *q, const i8a_span *kv, float *scratch,

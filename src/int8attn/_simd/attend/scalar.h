@@ -37,7 +37,7 @@ I8A_INLINE void i8a_attend4_body(const i8a_query *q, const i8a_span *kv, float *
         i8a_vpass4_scalar(scratch, nq, kv, d, out->o);
     else
         i8a_vpass8_scalar(scratch, nq, kv, d, out->o);
-    i8a_vtop_all(scratch, nq, kv, d, v4, out->o);
+    i8a_vtop_with(i8a_vtop_row_scalar, scratch, nq, kv, d, v4, out->o);
 }
 
 /* Each query head against a chunk, in the contract's order:
@@ -63,7 +63,7 @@ static inline void i8a_attend_scalar(const i8a_query *q, const i8a_span *kv, flo
         out->l[j] = i8a_reduce_lanes(lane);
     }
     i8a_vpass8_scalar(scratch, q->nq, kv, q->d, out->o);
-    i8a_vtop_all(scratch, q->nq, kv, q->d, 0, out->o);
+    i8a_vtop_with(i8a_vtop_row_scalar, scratch, q->nq, kv, q->d, 0, out->o);
 }
 
 /* attend[k][v] with a side at 4 bits: the body above (the reference of every tier's), its

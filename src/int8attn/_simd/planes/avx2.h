@@ -49,7 +49,7 @@ static inline void i8a_planes_avx2(float *w, size_t n, size_t lead, uint8_t *slo
                 if (_mm256_movemask_ps(_mm256_cmp_ps(_mm256_load_ps(w + from),
                                                      _mm256_set1_ps(top[0]), _CMP_EQ_OQ)))
                     break;
-            i8a_take_top(w, from < n ? from : 0, n, top[0], &w_top, &at);
+            i8a_take_top(w, from, n, top[0], &w_top, &at);
         }
     }
     float sc[I8A_WPLANES], inv[I8A_WPLANES];

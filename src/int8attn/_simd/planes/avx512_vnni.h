@@ -47,7 +47,7 @@ static inline void i8a_planes_avx512_vnni(float *w, size_t n, size_t lead, uint8
                                             _mm512_set1_ps(top[0]), _CMP_EQ_OQ))
                     break;
             }
-            i8a_take_top(w, from < n ? from : 0, n, top[0], &w_top, &at);
+            i8a_take_top(w, from, n, top[0], &w_top, &at);
         }
     }
     float sc[I8A_WPLANES], inv[I8A_WPLANES];

@@ -22,7 +22,7 @@
  *   is exact too, and any order of the sum gives the same S);
  *   o[i] = float(S_0[i]) * sc[0], then o[i] = fma(float(S_k[i]), sc[k], o[i]) for k = 1 .. P-1;
  *   then (V at 4 bits: + the minima's sum, v4/scalar.h) o[i] = fma(w_top, float(v[at][i]),
- *   o[i]) (i8a_vtop_add).
+ *   o[i]) (i8a_vtop_with, v4/scalar.h).
  * sum_k b_k * sc[k] is w to within top2 / (2 * 127^P) (two planes: about top2 / 32258; three:
  * top2 / 4.1e6), the top row exact. V at 4 bits keeps three: its codes 0 .. 15 are all >= 0, and
  * the minima's sum takes back most of sum_s w_s code_s, so a weight's error counts against a

@@ -91,4 +91,37 @@ static inline void i8a_v4pass_avx2(float *scratch, size_t nq, const i8a_span *kv
     }
 }
 
+/* i8a_vtop_row_scalar with this tier's vectors: the row's codes widened 8 dimensions at a time
+ * (V at 8 bits: byte r of each 32-bit lane of the row's tile; at 4 bits: the lane's byte r
+ * split in its nibbles, dimensions i and i + 16 of a block), added by one fused multiply-add
+ * each (fmaf's rounding). */
+static inline void i8a_vtop_row_avx2(float w_top, size_t t, size_t r, const i8a_span *kv,
+                                     size_t d, int v4, float *o)
+{
+    const __m256i r8 = _mm256_set1_epi32((int)(8 * r));
+    const __m256 w = _mm256_set1_ps(w_top);
+    if (!v4) {
+        const int8_t *x = i8a_vtile(kv, t, d);
+        const __m256i up = _mm256_sub_epi32(_mm256_set1_epi32(24), r8);
+        for (size_t i = 0; i < d; i += 8) {
+            const __m256i c = _mm256_srai_epi32(
+                _mm256_sllv_epi32(_mm256_loadu_si256((const __m256i *)(x + I8A_V_TILE * i)), up), 24);
+            _mm256_storeu_ps(o + i, _mm256_fmadd_ps(w, _mm256_cvtepi32_ps(c), _mm256_loadu_ps(o + i)));
+        }
+    } else {
+        const __m256i nib = _mm256_set1_epi32(15);
+        const uint8_t *tile = kv->v4 + t * 2 * d;
+        for (size_t b = 0; b < d; b += I8A_NIB_BLOCK)
+            for (size_t h = 0; h < 2; h++) {          /* lanes 8 h .. 8 h + 7 of the block */
+                const __m256i x = _mm256_srlv_epi32(
+                    _mm256_loadu_si256((const __m256i *)(tile + 2 * b + 32 * h)), r8);
+                const __m256i lo = _mm256_and_si256(x, nib);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(x, 4), nib);
+                float *a = o + b + 8 * h, *c = o + b + 16 + 8 * h;
+                _mm256_storeu_ps(a, _mm256_fmadd_ps(w, _mm256_cvtepi32_ps(lo), _mm256_loadu_ps(a)));
+                _mm256_storeu_ps(c, _mm256_fmadd_ps(w, _mm256_cvtepi32_ps(hi), _mm256_loadu_ps(c)));
+            }
+    }
+}
+
 #endif

@@ -108,4 +108,34 @@ static inline void i8a_v4pass_avx512_vnni(float *scratch, size_t nq, const i8a_s
     }
 }
 
+/* i8a_vtop_row_scalar with this tier's vectors: the row's codes widened 16 dimensions at a time
+ * (V at 8 bits: byte r of each 32-bit lane of the row's tile; at 4 bits: the lane's byte r
+ * split in its nibbles, dimensions i and i + 16 of a block), added by one fused multiply-add
+ * each (fmaf's rounding). */
+static inline void i8a_vtop_row_avx512_vnni(float w_top, size_t t, size_t r, const i8a_span *kv,
+                                            size_t d, int v4, float *o)
+{
+    const __m512i r8 = _mm512_set1_epi32((int)(8 * r));
+    const __m512 w = _mm512_set1_ps(w_top);
+    if (!v4) {
+        const int8_t *x = i8a_vtile(kv, t, d);
+        const __m512i up = _mm512_sub_epi32(_mm512_set1_epi32(24), r8);
+        for (size_t i = 0; i < d; i += 16) {
+            const __m512i c = _mm512_srai_epi32(
+                _mm512_sllv_epi32(_mm512_loadu_si512((const void *)(x + I8A_V_TILE * i)), up), 24);
+            _mm512_storeu_ps(o + i, _mm512_fmadd_ps(w, _mm512_cvtepi32_ps(c), _mm512_loadu_ps(o + i)));
+        }
+    } else {
+        const __m512i nib = _mm512_set1_epi32(15);
+        const uint8_t *tile = kv->v4 + t * 2 * d;
+        for (size_t b = 0; b < d; b += I8A_NIB_BLOCK) {
+            const __m512i x = _mm512_srlv_epi32(_mm512_loadu_si512((const void *)(tile + 2 * b)), r8);
+            const __m512i lo = _mm512_and_si512(x, nib), hi = _mm512_and_si512(_mm512_srli_epi32(x, 4), nib);
+            _mm512_storeu_ps(o + b, _mm512_fmadd_ps(w, _mm512_cvtepi32_ps(lo), _mm512_loadu_ps(o + b)));
+            _mm512_storeu_ps(o + b + 16,
+                             _mm512_fmadd_ps(w, _mm512_cvtepi32_ps(hi), _mm512_loadu_ps(o + b + 16)));
+        }
+    }
+}
+
 #endif

@@ -20,7 +20,7 @@ static inline float *i8a_vmin_sum_at(float *scratch, size_t nq, size_t j)
 
 /* The integer V pass at 4 bits of heads [0, nq): the planes' sums over the span's tiles of
  * codes, then o = i8a_v_out(S) + sum_s p_s vmin_s (the head's vmin sum, in the 16-lane order of
- * the softmax sum); the top row is added after (i8a_vtop_add). */
+ * the softmax sum); the top row is added after (i8a_vtop_with). */
 static inline void i8a_vpass4_scalar(float *scratch, size_t nq, const i8a_span *kv, size_t d,
                                      float *o)
 {
@@ -44,16 +44,16 @@ static inline void i8a_vpass4_scalar(float *scratch, size_t nq, const i8a_span *
     }
 }
 
-/* o [d] += the top row of a head's planes (planes/scalar.h): o[i] = fma(w_top, float(v[at][i]),
- * o[i]), V's code of the row at 8 bits (i8a_vtile) or at 4 bits (i8a_nib_tile). Every tier
- * calls it after its V pass, inside its own target region (fmaf is then the FMA instruction). */
-I8A_INLINE void i8a_vtop_add(const uint8_t *slot, const i8a_span *kv, size_t d, int v4, float *o)
+/* A tier's loop of the top row (planes/scalar.h): o [d] += w_top times V's codes of the row in
+ * slot r of tile t, o[i] = fma(w_top, float(v[at][i]), o[i]) (8 bits: i8a_vtile; 4 bits:
+ * i8a_nib_tile). */
+typedef void (*i8a_vtop_row_fn)(float w_top, size_t t, size_t r, const i8a_span *kv, size_t d,
+                                int v4, float *o);
+
+/* The scalar form of the loop (the scalar tier's, and the order the others vectorize). */
+static inline void i8a_vtop_row_scalar(float w_top, size_t t, size_t r, const i8a_span *kv,
+                                       size_t d, int v4, float *o)
 {
-    uint32_t byte;
-    const float w_top = i8a_planes_top(slot, &byte);
-    if (!(w_top > 0.0f))
-        return;
-    const size_t t = byte / I8A_V_TILE, r = byte % I8A_V_TILE;
     if (v4) {
         const uint8_t *tile = kv->v4 + t * 2 * d;
         for (size_t i = 0; i < d; i++)
@@ -65,12 +65,18 @@ I8A_INLINE void i8a_vtop_add(const uint8_t *slot, const i8a_span *kv, size_t d, 
     }
 }
 
-/* i8a_vtop_add for heads [0, nq) of an attend (their o [nq][d]). */
-I8A_INLINE void i8a_vtop_all(float *scratch, size_t nq, const i8a_span *kv, size_t d, int v4,
-                             float *o)
+/* Heads [0, nq) of an attend (their o [nq][d]) after the V pass: each head's top row added by
+ * the tier's loop, the same source in every tier (inlined inside the tier's target region, so
+ * the scalar form's fmaf is the FMA instruction there). */
+I8A_INLINE void i8a_vtop_with(i8a_vtop_row_fn row, float *scratch, size_t nq, const i8a_span *kv,
+                              size_t d, int v4, float *o)
 {
-    for (size_t j = 0; j < nq; j++)
-        i8a_vtop_add(i8a_planes_at(scratch, nq, j), kv, d, v4, o + j * d);
+    for (size_t j = 0; j < nq; j++) {
+        uint32_t byte;
+        const float w_top = i8a_planes_top(i8a_planes_at(scratch, nq, j), &byte);
+        if (w_top > 0.0f)
+            row(w_top, byte / I8A_V_TILE, byte % I8A_V_TILE, kv, d, v4, o + j * d);
+    }
 }
 
 #endif

@@ -18,7 +18,7 @@ static inline __m512i i8a_pword_avx512_vnni(const uint8_t *plane, size_t t)
 
 /* The integer V pass (planes/scalar.h) of NH heads over dims [i0, i0 + 16 nb): per tile, one
  * vpdpbusd per plane, head and 16 dims (P bytes unsigned, V codes signed: each lane sums the
- * tile's 4 positions of one dimension), then o from the three sums. The block prefetches rows
+ * tile's 4 positions of one dimension), then o from the planes' sums. The block prefetches rows
  * [pf_lo, pf_hi) of the next span's V (i8a_vprefetch_share). NH and NB are constants at every
  * call. */
 I8A_INLINE void
@@ -92,44 +92,6 @@ I8A_INLINE void i8a_vtiles_group_avx512_vnni(float *scratch, size_t nq, size_t j
     for (; i < d; i += 16, b++) {
         i8a_vprefetch_share(pf_n, b, nblk, &lo, &hi);
         i8a_vtiles_block_avx512_vnni(planes, nh, 1, kv, tiles, d, i, o + j * d, lo, hi);
-    }
-}
-
-/* i8a_vtop_all (v4/scalar.h) with this tier's vectors: each head's top row, its codes widened 16
- * dimensions at a time (V at 8 bits: byte r of each 32-bit lane of the row's tile; at 4 bits:
- * the lane's byte r split in its nibbles, dimensions i and i + 16 of a block), added by one fused
- * multiply-add each (fmaf's rounding). */
-static inline void i8a_vtop_avx512_vnni(float *scratch, size_t nq, const i8a_span *kv, size_t d,
-                                        int v4, float *o)
-{
-    const __m512i nib = _mm512_set1_epi32(15);
-    for (size_t j = 0; j < nq; j++) {
-        uint32_t byte;
-        const float w_top = i8a_planes_top(i8a_planes_at(scratch, nq, j), &byte);
-        if (!(w_top > 0.0f))
-            continue;
-        const size_t t = byte / I8A_V_TILE;
-        const __m512i r8 = _mm512_set1_epi32((int)(8 * (byte % I8A_V_TILE)));
-        const __m512 w = _mm512_set1_ps(w_top);
-        float *oj = o + j * d;
-        if (!v4) {
-            const int8_t *x = i8a_vtile(kv, t, d);
-            const __m512i up = _mm512_sub_epi32(_mm512_set1_epi32(24), r8);
-            for (size_t i = 0; i < d; i += 16) {
-                const __m512i c = _mm512_srai_epi32(
-                    _mm512_sllv_epi32(_mm512_loadu_si512((const void *)(x + I8A_V_TILE * i)), up), 24);
-                _mm512_storeu_ps(oj + i, _mm512_fmadd_ps(w, _mm512_cvtepi32_ps(c), _mm512_loadu_ps(oj + i)));
-            }
-        } else {
-            const uint8_t *tile = kv->v4 + t * 2 * d;
-            for (size_t b = 0; b < d; b += I8A_NIB_BLOCK) {
-                const __m512i x = _mm512_srlv_epi32(_mm512_loadu_si512((const void *)(tile + 2 * b)), r8);
-                const __m512i lo = _mm512_and_si512(x, nib), hi = _mm512_and_si512(_mm512_srli_epi32(x, 4), nib);
-                _mm512_storeu_ps(oj + b, _mm512_fmadd_ps(w, _mm512_cvtepi32_ps(lo), _mm512_loadu_ps(oj + b)));
-                _mm512_storeu_ps(oj + b + 16,
-                                 _mm512_fmadd_ps(w, _mm512_cvtepi32_ps(hi), _mm512_loadu_ps(oj + b + 16)));
-            }
-        }
     }
 }
 

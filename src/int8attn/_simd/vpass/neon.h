@@ -22,7 +22,7 @@ I8A_INLINE float32x4_t i8a_v_out4_neon(const int32x4_t *sums, const float sc[I8A
 /* The integer V pass (planes/scalar.h) without SDOT, NH heads over dims [i0, i0 + 4 nu): V bytes
  * times each head's plane word repeated in every lane (ld1r) by vmull_s8 for one tile and
  * vmlal_s8 for the next (two products per int16 lane, at most 2 * 127 * 127), vpadalq_s16
- * into int32 pairs of positions, a pairwise add per 4 dims at the end; then o from the three
+ * into int32 pairs of positions, a pairwise add per 4 dims at the end; then o from the planes'
  * sums. The first block prefetches pf_n rows of the next span's V. NH and NU are
  * constants at every call. */
 I8A_INLINE void

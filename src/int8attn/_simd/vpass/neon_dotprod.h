@@ -24,7 +24,7 @@ I8A_INLINE int32x4_t i8a_sdot_lane_neon_dotprod(int32x4_t acc, int8x16_t x, int8
  * lane sums its dimension's 4 positions of a tile. Four tiles at a time, each head's plane
  * bytes of the four in one register (16 bytes: the planes are zero up to a multiple of 16),
  * SDOT by element picking tile r's word; tiles past the last multiple of four one at a time
- * with the word repeated (ld1r). Then o from the three sums. The first block prefetches pf_n
+ * with the word repeated (ld1r). Then o from the planes' sums. The first block prefetches pf_n
  * rows of the next span's V. NH and NU are constants at every call. */
 I8A_INLINE void
 i8a_vtiles_block_neon_dotprod(const uint8_t *const *planes, int nh, int nu, const i8a_span *kv,
