@@ -20,8 +20,6 @@ import os
 # before torch loads libgomp; an OMP_WAIT_POLICY in the environment wins)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import numpy as np
-
 import int8attn as ia   # the installed package: pip install '.[bench]'
 from int8attn import _bench
 from int8attn._bench import Case
@@ -41,46 +39,30 @@ def vllm_available():
 
 
 def run_vllm(case, budget, rng):
-    """vLLM's CPU attention kernel (``cpu_attention_with_kv_cache``, as its CPU backend calls
-    it; benchmarks/vllm_serve.py) over one sequence in its paged cache of the case's dtype:
-    the case's tokens (and T more for a prompt chunk, its queries causal)."""
+    """vLLM's CPU attention kernel as benchmarks/vllm_serve.py calls it (``Vllm``: the way its
+    CPU backend does) over one sequence in its paged cache of the case's dtype: the case's tokens
+    (and T more for a prompt chunk, its queries the last T positions, causal)."""
     import torch
-    import vllm._custom_ops as ops
     import vllm_serve as vs
 
-    dtype, kv_dtype, elem = vs.VLLM_KINDS[case.impl]
-    isa = vs._get_attn_isa(dtype, vs.VLLM_BLOCK, case.d, kv_dtype)
     k, v, q = _bench._data(case, rng)
-    total, t = k.shape[0], (case.queries if case.queries > 1 else 1)
-    blocks = -(-total // vs.VLLM_BLOCK)
-    table = torch.arange(blocks, dtype=torch.int32)[None]
-    first = torch.zeros(blocks, case.hkv, vs.VLLM_BLOCK, 2 * case.d, dtype=elem)
-    ops.cpu_attn_reshape_and_cache(torch.from_numpy(k).to(dtype), torch.from_numpy(v).to(dtype),
-                                   *vs.Vllm._halves(first), torch.arange(total), isa, 1.0, 1.0,
-                                   kv_dtype)
-    nbytes = first.numel() * first.element_size()
+    t = case.queries if case.queries > 1 else 1
+    one = vs.Case(case.h, case.hkv, case.d, k.shape[0])
+    elem = vs.VLLM_KINDS[case.impl][2]
+    nbytes = 2 * k.size * elem.itemsize
     copies = _bench.cold_copies(nbytes) if case.regime == "cold" else 1
-    caches = [vs.Vllm._halves(c) for c in [first] + [first.clone() for _ in range(copies - 1)]]
-    qt = torch.from_numpy(q.reshape(t, case.h, case.d)).to(dtype)
-    out = torch.empty_like(qt)
-    starts = torch.tensor([0, t], dtype=torch.int32)
-    lens = torch.tensor([total], dtype=torch.int32)
+    impl = vs.Vllm(one, k[None], v[None], q[None], case.impl, copies, rng, queries=t)
     before = torch.get_num_threads()
     torch.set_num_threads(case.threads or ia.get_num_threads())
     try:
-        meta = ops.cpu_attn_get_scheduler_metadata(1, case.h, case.hkv, case.d, lens, dtype, starts,
-                                                   True, -1, isa, True, None, kv_dtype)
-
-        def call(i):
-            ops.cpu_attention_with_kv_cache(qt, *caches[i], out, starts, lens, case.d ** -0.5,
-                                            True, None, -1, table, 0.0, meta, None, None, 1.0,
-                                            1.0, kv_dtype)
-        times = _bench._timed(call, copies, 10, budget)
+        impl.set_threads()
+        times = _bench._timed(impl, copies, 10, budget)
     finally:
         torch.set_num_threads(before)
     dec = _bench._stats(times)
-    return {"copies": copies, "bytes": nbytes, "time": dec, "gbps": nbytes / dec["median"] / 1e9,
-            "gflops": case.flops / dec["median"] / 1e9, "isa": isa}
+    return {"copies": copies, "bytes": impl.nbytes, "time": dec,
+            "gbps": impl.nbytes / dec["median"] / 1e9, "gflops": case.flops / dec["median"] / 1e9,
+            "isa": impl.isa}
 
 
 def model_cases(impls):

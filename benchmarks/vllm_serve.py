@@ -187,9 +187,11 @@ VLLM_KINDS = {               # name: (model dtype, kv_cache_dtype, cache element
 
 
 class Vllm:
-    """vLLM's CPU attention over its paged cache, called as CPUAttentionBackendImpl does."""
+    """vLLM's CPU attention over its paged cache, called as CPUAttentionBackendImpl does: per
+    sequence `queries` query tokens (q [seqs, queries, H, D], the sequence's last positions,
+    causal; q [seqs, H, D] for one), each sequence case.tokens long."""
 
-    def __init__(self, case, k, v, q, kind, copies, rng):
+    def __init__(self, case, k, v, q, kind, copies, rng, queries=1):
         self.dtype, self.kv_dtype, elem = VLLM_KINDS[kind]
         self.case = case
         self.isa = _get_attn_isa(self.dtype, VLLM_BLOCK, case.d, self.kv_dtype)
@@ -206,9 +208,9 @@ class Vllm:
         self.caches = [self._halves(c) for c in [first] + [first.clone()
                                                          for _ in range(copies - 1)]]
         self.nbytes, self.copies = first.numel() * first.element_size(), copies
-        self.q = torch.from_numpy(q).to(self.dtype)
+        self.q = torch.from_numpy(q.reshape(case.seqs * queries, case.h, case.d)).to(self.dtype)
         self.out = torch.empty_like(self.q)
-        self.starts = torch.arange(case.seqs + 1, dtype=torch.int32)
+        self.starts = torch.arange(case.seqs + 1, dtype=torch.int32) * queries
         self.lens = torch.full((case.seqs,), case.tokens, dtype=torch.int32)
         self.metadata = None
 
