@@ -175,6 +175,12 @@ def _setting(get, set_, value):
         set_(before)
 
 
+def _rel_err(got, ref):
+    """The error of a decode's output [H, D] against its reference: max over query heads of
+    max|got - ref| / max|ref| (the contract's measure)."""
+    return float(np.max(np.max(np.abs(got - ref), axis=1) / np.max(np.abs(ref), axis=1)))
+
+
 def run_prefill(case, budget, rng):
     """A prompt chunk over the cache: ``prefill`` of the case's T rows and queries into a cache
     holding `tokens`, timed; ``truncate(tokens)`` between calls, untimed."""
@@ -200,7 +206,7 @@ def run_prefill(case, budget, rng):
         cut = _cache_for(dataclasses.replace(case, tokens=s + i + 1))
         cut.append(k[:s + i + 1], v[:s + i + 1])
         ref = attention(q[i], *cut.dequantize())
-        err = max(err, float(np.max(np.max(np.abs(got[i] - ref), axis=1) / np.max(np.abs(ref), axis=1))))
+        err = max(err, _rel_err(got[i], ref))
     dec = _stats(times[1:])
     return {"tier": tier, "threads": used, "max_threads": max_threads, "copies": 1,
             "bytes": cache_bytes(case), "time": dec, "gbps": cache_bytes(case) / dec["median"] / 1e9,
@@ -230,7 +236,7 @@ def run_int8attn(case, budget, rng):
         bulk = _timed(lambda i: (spare.reset(), spare.append(k, v)), 1, 3, budget / 4)
         one = _timed(lambda i: (spare.reset(), spare.append(k[0], v[0])), 1, 20, budget / 8)
     ref = attention(q, *caches[0].dequantize())
-    err = float(np.max(np.max(np.abs(got - ref), axis=1) / np.max(np.abs(ref), axis=1)))
+    err = _rel_err(got, ref)
     dec, prb = _stats(decode), _stats(probe)
     return {
         "tier": tier, "threads": used, "max_threads": max_threads, "copies": copies,
