@@ -231,25 +231,28 @@ CHUNK = 256
 WEIGHT_PLANES = 2
 
 
-def weight_planes(w):
+def weight_planes(w, planes=WEIGHT_PLANES, top_exact=True):
     """The V pass's weights w [..., n] (>= 0, one chunk along the last axis) as the kernel uses
     them, float64: the largest of each row exact (the first position holding it: the top row,
-    added in float), the others in WEIGHT_PLANES planes of integers 0 .. 127 with steps
-    ``top2 / 127``, ``top2 / 127**2`` (``top2`` the largest of the others; none when it is 0):
-    each plane but the last takes the floor of what the ones before left, the last rounds it to
-    nearest. Returns the weights so kept, each within ``top2 / (2 * 127**2)`` of w."""
+    added in float), the others in `planes` planes of integers 0 .. 127 with steps ``top2 /
+    127``, ``top2 / 127**2``, ... (``top2`` the largest of the others; none when it is 0): each
+    plane but the last takes the floor of what the ones before left, the last rounds it to
+    nearest. Returns the weights so kept, each within ``top2 / (2 * 127**planes)`` of w. With
+    V at 4 bits the kernel keeps three planes; ``top_exact=False`` puts every weight in the
+    planes (scaled to the largest), the rule before issue 31 (examples/plane_study.py)."""
     w = np.asarray(w, np.float64)
-    at = np.argmax(w, axis=-1)[..., None]
     keep = np.zeros_like(w)
-    np.put_along_axis(keep, at, np.take_along_axis(w, at, axis=-1), axis=-1)
+    if top_exact:
+        at = np.argmax(w, axis=-1)[..., None]
+        np.put_along_axis(keep, at, np.take_along_axis(w, at, axis=-1), axis=-1)
     w = w - keep
     top = w.max(axis=-1, keepdims=True)
     some = top > 0
     step = np.where(some, top, 1.0)
     out, rest = np.zeros_like(w), w
-    for k in range(WEIGHT_PLANES):
+    for k in range(planes):
         step = step / 127
-        last = k == WEIGHT_PLANES - 1
+        last = k == planes - 1
         b = np.clip(np.rint(rest / step) if last else np.floor(rest / step), 0, 127)
         out, rest = out + b * step, rest - b * step
     return np.where(some, out, 0.0) + keep
