@@ -312,14 +312,22 @@ def model_targets(results, ours):
     return lines
 
 
-def print_models(results):
-    """The real models' shapes side by side (README's speed table): int8attn's default format
-    and each peer this run found, ms per call (medians); prompt chunks also GFLOP/s."""
+def print_models(results, compact=False):
+    """The real models' shapes side by side: int8attn's default format and each peer this run
+    found, ms per call (medians); prompt chunks also GFLOP/s (benchmarks/README.md's table).
+    compact (README's speed table): int8attn's time and each peer family's times over it, SDPA
+    fp32 / bf16 and vLLM bf16 / fp32, in one cell each."""
     peers = [i for i in ("torch-fp32", "torch-bf16") + VLLM if find(results, impl=i)]
     rows = []
+
     def order(r):                               # decodes hot, from DRAM, then prompt chunks
         c = r["case"]
         return c["queries"] > 1, c["regime"] == "cold", c["tokens"]
+
+    def ratios(group, others, ms):
+        got = [f"{o['time']['median'] * 1e3 / ms:.1f}x" if o else "-"
+               for i, o in zip(peers, others) if i in group]
+        return " / ".join(got)
 
     for (h, hkv, d) in ((8, 8, 128), GQA, GEMMA):
         for r in sorted(results, key=order):
@@ -339,12 +347,18 @@ def print_models(results):
             ms = r["time"]["median"] * 1e3
             cell = f"{ms:.3g}" + (f" ({r['gflops']:.0f} GFLOP/s)" if c["queries"] > 1 else
                                   f" ({r['fraction_of_probe']:.2f} of probe)")
-            cells = [f"{o['time']['median'] * 1e3:.3g} ({o['time']['median'] * 1e3 / ms:.1f}x)"
-                     if o else "" for o in others]
+            if compact:
+                cells = [ratios(("torch-fp32", "torch-bf16"), others, ms), ratios(VLLM, others, ms)]
+            else:
+                cells = [f"{o['time']['median'] * 1e3:.3g} ({o['time']['median'] * 1e3 / ms:.1f}x)"
+                         if o else "" for o in others]
             rows.append([f"{h}/{hkv} x {d}", what, cell] + cells)
     if rows:
-        print("\nreal models' shapes: ms per call, medians (a peer's time over int8attn's):")
-        print(_bench.markdown_table(["heads x D", "context", "int8attn"] + peers, rows, labels=2))
+        head = ["heads x D", "context", "int8attn ms"]
+        head += ["SDPA fp32 / bf16", "vLLM bf16 / fp32"] if compact else peers
+        print(f"\nreal models' shapes{' (compact)' if compact else ''}: ms per call, medians (a "
+              "peer's time over int8attn's):")
+        print(_bench.markdown_table(head, rows, labels=2))
 
 
 def main(argv=None):
@@ -375,6 +389,7 @@ def main(argv=None):
     print_rotation(results, rep["tier"], costs)
     print_contention(load)
     print_models(results)
+    print_models(results, compact=True)
     print_targets(results, rep["tier"], load)
     print(f"\nreport: {out}")
 
