@@ -27,7 +27,8 @@ static const char *const entry_name[E_N] = {"quantize_row", "attend8/8", "attend
                                             "rotate", "attend_float", "half_row"};
 
 #define MAX_TIERS 8
-#define OUT_BYTES (8 * 2 + 7 * I8A_MAX_HEAD_DIM * 4 + 1024)
+/* the largest outputs: attend_float's of 9 query rows at the largest head dim */
+#define OUT_BYTES (9 * (2 + I8A_MAX_HEAD_DIM) * 4 + 1024)
 
 typedef struct {
     const i8a_kernels *kt;
@@ -493,10 +494,11 @@ static void rotate_cases(void)
             }
 }
 
-/* -- attend_float: one query row over rows of halves ---------------------------------------- */
+/* -- attend_float: query rows over rows of halves ------------------------------------------- */
 
 typedef struct {
-    const float *q;
+    const float *q;             /* [nq][d] */
+    size_t nq;
     i8a_float_rows w;
     size_t d;
     float cap;
@@ -505,26 +507,42 @@ typedef struct {
 static size_t run_float(const i8a_kernels *kt, const void *p, unsigned char *out)
 {
     const float_in *in = p;
-    float *m = (float *)out, *l = m + 1, *o = l + 1;
-    float *logit = xmalloc(in->w.n * sizeof(float));
-    memset(logit, fill, in->w.n * sizeof(float));
-    kt->attend_float(in->q, &in->w, in->d, in->cap, logit, m, l, o);
+    float *m = (float *)out, *l = m + in->nq, *o = l + in->nq;
+    float *logit = xmalloc(I8A_WIN_HEADS * in->w.n * sizeof(float));
+    memset(logit, fill, I8A_WIN_HEADS * in->w.n * sizeof(float));
+    const i8a_state st = {m, l, o};
+    kt->attend_float(in->q, in->nq, &in->w, in->d, in->cap, logit, &st);
+    /* the group is invisible: each row alone gives its row of the group's states */
+    float *one = xmalloc((2 + in->d) * sizeof(float));
+    for (size_t h = 0; h < in->nq; h++) {
+        const i8a_state alone = {one, one + 1, one + 2};
+        kt->attend_float(in->q + h * in->d, 1, &in->w, in->d, in->cap, logit, &alone);
+        if (memcmp(one, m + h, sizeof(float)) || memcmp(one + 1, l + h, sizeof(float)) ||
+            memcmp(one + 2, o + h * in->d, in->d * sizeof(float))) {
+            fprintf(stderr, "FAIL attend_float %s: row %zu of %zu differs from the row alone\n",
+                    kt->name, h, in->nq);
+            exit(1);
+        }
+    }
+    free(one);
     free(logit);
-    return (2 + in->d) * sizeof(float);
+    return (2 + in->d) * in->nq * sizeof(float);
 }
 
 static void float_cases(void)
 {
     static const size_t ds[] = {16, 32, 48, 64, 80, 96, 128, 256, 512, 1024};
     static const size_t ns[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 31, 64, 65, 200};
+    static const size_t nqs[] = {1, 4, 2, 3, 5, 8, 7, 9};   /* blocks of 4 heads and their tails */
     for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++)
         for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
             for (int cap = 0; cap < 2; cap++) {
                 const size_t d = ds[i], n = ns[j];
-                float *q = xmalloc(d * sizeof(float));
+                const size_t nq = nqs[(i + j + 3 * (size_t)cap) % (sizeof nqs / sizeof nqs[0])];
+                float *q = xmalloc(nq * d * sizeof(float));
                 uint16_t **k = xmalloc(n * sizeof *k), **v = xmalloc(n * sizeof *v);
                 float *k_scale = xmalloc(n * sizeof(float)), *v_scale = xmalloc(n * sizeof(float));
-                for (size_t t = 0; t < d; t++)
+                for (size_t t = 0; t < nq * d; t++)
                     q[t] = gauss() * 0.1f;
                 for (size_t r = 0; r < n; r++) {
                     k[r] = xmalloc(d * sizeof(uint16_t)), v[r] = xmalloc(d * sizeof(uint16_t));
@@ -535,13 +553,13 @@ static void float_cases(void)
                     k_scale[r] = ldexpf(1.0f, -12 - (int)(next_u32() % 4));
                     v_scale[r] = ldexpf(1.0f, -14 + (int)(next_u32() % 6));
                 }
-                const float_in in = {q,
+                const float_in in = {q, nq,
                                      {(const uint16_t *const *)k, (const uint16_t *const *)v,
                                       k_scale, v_scale, n},
                                      d,
                                      cap ? 15.0f : 0.0f};
                 char what[64];
-                snprintf(what, sizeof what, "d %zu, n %zu, cap %d", d, n, cap);
+                snprintf(what, sizeof what, "d %zu, n %zu, nq %zu, cap %d", d, n, nq, cap);
                 check(E_FLOAT, run_float, &in, what);
                 for (size_t r = 0; r < n; r++)
                     free(k[r]), free(v[r]);

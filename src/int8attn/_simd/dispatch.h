@@ -255,13 +255,13 @@ typedef struct {
     size_t n;
 } i8a_float_rows;
 
-/* The state of one query row over the recent window's rows (the contract's recent-window step,
- * i8a_attend_float_body in window/scalar.h): q [d] the query times the softmax scale, w the
- * visible positions' rows, cap > 0 the soft cap (0: off). Writes *m, *l, o [d], and logit [n]
- * as scratch. 1 <= w->n, d a multiple of 16, at most I8A_MAX_HEAD_DIM; o must not overlap the
- * rows. */
-typedef void (*i8a_attend_float_fn)(const float *q, const i8a_float_rows *w, size_t d, float cap,
-                                    float *logit, float *m, float *l, float *o);
+/* The states of nq query rows over the recent window's rows (the contract's recent-window step,
+ * i8a_attend_float_body in window/scalar.h), each row as if alone: q [nq][d] the queries times
+ * the softmax scale, all seeing the same rows w; cap > 0 the soft cap (0: off). Writes out->m
+ * [nq], out->l [nq], out->o [nq][d], and logit [I8A_WIN_HEADS * n] as scratch. 1 <= nq, 1 <=
+ * w->n, d a multiple of 16, at most I8A_MAX_HEAD_DIM; out->o must not overlap the rows. */
+typedef void (*i8a_attend_float_fn)(const float *q, size_t nq, const i8a_float_rows *w, size_t d,
+                                    float cap, float *logit, const i8a_state *out);
 
 /* Row x [d] (finite, |x| <= 2^64, d a multiple of 16) as the recent window keeps it: halves h
  * [d] and the returned scale 2^e, e the exponent that puts the largest rounded |h| in [2^14,

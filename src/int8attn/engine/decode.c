@@ -63,14 +63,21 @@ static int prepare_q(const i8a_kernels *kt, const float *q, size_t d, int two_pl
     return 0;
 }
 
-/* (x . y) * scale over d floats, summed in double in index order, rounded to float once (the
- * dot of two rows in range can exceed float32's range before the scale brings it back). */
+/* (x . y) * scale over d floats (d a multiple of 8), the dot in double (the dot of two rows in
+ * range can exceed float32's range before the scale brings it back), rounded to float once.
+ * The products are exact in double; they are summed in 8 lanes (element i to lane i mod 8, each
+ * lane in index order), folded 0+4, 1+5, ..., then 0+2, 1+3, then 0+1: one dependent chain of
+ * d adds was 4 us of a decode of 32 heads. */
 static float dot_scaled(const float *x, const float *y, size_t d, float scale)
 {
-    double acc = 0.0;
-    for (size_t i = 0; i < d; i++)
-        acc += (double)x[i] * (double)y[i];
-    return (float)(acc * (double)scale);
+    double lane[8] = {0.0};
+    for (size_t i = 0; i < d; i += 8)
+        for (size_t t = 0; t < 8; t++)
+            lane[t] = lane[t] + (double)x[i + t] * (double)y[i + t];
+    for (size_t w = 4; w >= 1; w /= 2)
+        for (size_t t = 0; t < w; t++)
+            lane[t] = lane[t] + lane[t + w];
+    return (float)(lane[0] * (double)scale);
 }
 
 /* Items [begin, end) of a decode: first every (kv head, visible chunk), kv head by kv head, then

@@ -324,9 +324,9 @@ static inline size_t i8a_visible_chunk(const i8a_chunk_runs *runs, size_t vi)
     return vi < runs->count[0] ? runs->begin[0] + vi : runs->begin[1] + (vi - runs->count[0]);
 }
 
-/* The work of a decode of t queries of h heads that reads `items` (kv head, chunk) items, in
- * units of I8A_ROWS_PER_THREAD per thread. */
-size_t i8a_work_of(const i8a_cache *c, size_t t, size_t h, size_t items);
+/* The work of a decode of t queries of h heads that reads nvis chunks of each kv head and the
+ * recent window, in units of I8A_ROWS_PER_THREAD per thread. */
+size_t i8a_work_of(const i8a_cache *c, size_t t, size_t h, size_t nvis);
 
 /* Threads for `items` work items of this much work: at most max_threads, fewer when the tokens
  * read are too few to pay for waking another thread. */

@@ -20,18 +20,19 @@ static void pos0_state(const decode_job *job, size_t g, size_t r, const float *v
         run->o[i] = off ? v0[i] - c->v_offset[g * c->head_dim + i] : v0[i];
 }
 
-/* The state of query row r of kv head g over the positions of the recent window it sees
- * (visible_ranges), from its halves (the tier's attend_float); o is then rotated into
+/* The states of query rows [r, r + nq) of kv head g (one query position's heads: they see the
+ * same positions, vis) over the positions of the recent window they see, from its halves (the
+ * tier's attend_float, which widens each row once for the heads); each o is then rotated into
  * the stored space, minus l * v_offset when `off` (as the coded rows' states are). Returns 0
- * when the row sees none of the window (st untouched). */
-static int window_state(const decode_job *job, size_t g, size_t r, const visible_ranges *vis,
-                        int off, const i8a_state *st)
+ * when the rows see none of the window (st untouched). */
+static int window_state(const decode_job *job, size_t g, size_t r, size_t nq,
+                        const visible_ranges *vis, int off, const i8a_state *st)
 {
     const i8a_cache *c = job->c;
     const size_t d = c->head_dim, sinks = job->opt->sinks;
     const float *qf = (const float *)(job->base + job->L.q_float) + (g * job->L.rows + r) * d;
     const uint16_t *kr[I8A_RECENT_MAX], *vr[I8A_RECENT_MAX];
-    float ks[I8A_RECENT_MAX], vs[I8A_RECENT_MAX], logit[I8A_RECENT_MAX];
+    float ks[I8A_RECENT_MAX], vs[I8A_RECENT_MAX], logit[I8A_WIN_HEADS * I8A_RECENT_MAX];
     size_t n = 0;
     size_t s = slot_of(c, vis->fw);                         /* p's slot, stepped along */
     for (size_t p = vis->fw; p < vis->end; p++, s = s + 1 < c->ring ? s + 1 : 0) {
@@ -45,12 +46,15 @@ static int window_state(const decode_job *job, size_t g, size_t r, const visible
         return 0;
     I8A_EXPECT(n <= c->recent);
     const i8a_float_rows rows = {kr, vr, ks, vs, n};
-    job->kt->attend_float(qf, &rows, d, job->opt->softcap, logit, st->m, st->l, st->o);
-    if (c->v_sign)
-        job->kt->rotate(st->o, d, c->v_sign, 0, st->o);
-    if (off)
-        for (size_t i = 0; i < d; i++)
-            st->o[i] = st->o[i] - st->l[0] * c->v_offset[g * d + i];
+    job->kt->attend_float(qf, nq, &rows, d, job->opt->softcap, logit, st);
+    for (size_t j = 0; j < nq; j++) {
+        float *o = st->o + j * d;
+        if (c->v_sign)
+            job->kt->rotate(o, d, c->v_sign, 0, o);
+        if (off)
+            for (size_t i = 0; i < d; i++)
+                o[i] = o[i] - st->l[j] * c->v_offset[g * d + i];
+    }
     return 1;
 }
 
@@ -63,11 +67,13 @@ static int row_offset(const i8a_cache *c, const visible_ranges *vis)
 
 void i8a_window_item(const decode_job *job, size_t g)
 {
-    for (size_t r = 0; r < job->L.rows; r++) {
-        const visible_ranges vis = i8a_visible(job->c, job->t, r / job->nq, job->opt);
+    const size_t nq = job->nq;
+    for (size_t r = 0; r < job->L.rows; r += nq) {     /* a query position's heads at once */
+        const visible_ranges vis = i8a_visible(job->c, job->t, r / nq, job->opt);
         const i8a_state st = window_at(job, g, r);
-        if (!window_state(job, g, r, &vis, row_offset(job->c, &vis), &st))
-            st.m[0] = -INFINITY;
+        if (!window_state(job, g, r, nq, &vis, row_offset(job->c, &vis), &st))
+            for (size_t j = 0; j < nq; j++)
+                st.m[j] = -INFINITY;
     }
 }
 

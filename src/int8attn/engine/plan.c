@@ -62,16 +62,22 @@ i8a_chunk_runs i8a_visible_chunks(const i8a_cache *c, size_t t, const i8a_option
 
 /* Work per thread below which another thread costs more than it saves, in kv rows of 128
  * dims times (1 + query rows per kv head) / 2 (each query row of a group adds a dot and an
- * accumulation). Measured on the 2-core development VM (avx512_vnni): H = Hkv = 8, D = 128
- * gains from a second thread at 256 tokens (19 -> 15 us) and loses at 128 (10.5 -> 11.4 us). */
+ * accumulation), a row of the recent window counting as I8A_WINDOW_ROW_COST coded rows.
+ * Measured on the 2-core development VM (avx512_vnni): H = Hkv = 8, D = 128 gains from a
+ * second thread at 256 tokens (19 -> 15 us) and loses at 128 (10.5 -> 11.4 us). */
 #define I8A_ROWS_PER_THREAD 1024
 
-size_t i8a_work_of(const i8a_cache *c, size_t t, size_t h, size_t items)
+/* A row of the recent window against a coded row, in time: its float dots and sums take about
+ * twice a coded row's (one chunk against one window, D = 128, avx512_vnni: 39 against 19
+ * cycles a row at 1 head a group, 106 against 58 at 4). */
+#define I8A_WINDOW_ROW_COST 2
+
+size_t i8a_work_of(const i8a_cache *c, size_t t, size_t h, size_t nvis)
 {
     const size_t hkv = c->n_kv_heads, rows_per_kv = t * (h / hkv);
-    const size_t tokens = items / hkv * I8A_CHUNK;  /* rows read, a window item as a chunk */
-    return hkv * (tokens < c->length ? tokens : c->length) * (c->head_dim / 16)
-           * (1 + rows_per_kv) / 16;
+    const size_t fw = window_start(c), chunked = nvis * I8A_CHUNK;
+    const size_t rows = (chunked < fw ? chunked : fw) + I8A_WINDOW_ROW_COST * (c->length - fw);
+    return hkv * rows * (c->head_dim / 16) * (1 + rows_per_kv) / 16;
 }
 
 size_t i8a_threads_for(size_t work, size_t items, size_t max_threads)
@@ -100,7 +106,7 @@ i8a_plan i8a_plan_decode(const i8a_cache *c, size_t t, size_t h, const i8a_optio
     L.nvis = L.runs.count[0] + L.runs.count[1];
     L.per_head = L.nvis + (c->recent ? 1 : 0);
     L.items = hkv * L.per_head;
-    L.work = i8a_work_of(c, t, h, L.items);
+    L.work = i8a_work_of(c, t, h, L.nvis);
     L.state_bytes = align64(L.rows * (d + 2) * f);
     L.gather = align64(2 * L.rows * I8A_CHUNK * f) + (has_four(c) ? align64(I8A_ATTEND4_EXTRA) : 0);
     L.worker_bytes = L.gather + (c->paged ? align64(2 * I8A_CHUNK * f) : 0);
