@@ -239,7 +239,13 @@ typedef int (*i8a_quantize_row_fn)(const float *x, size_t d, int8_t *codes, floa
  * (every entry of i8a_kernels.attend but [I8A_FMT8][I8A_FMT8]) I8A_ATTEND4_EXTRA bytes more. */
 typedef void (*i8a_attend_fn)(const i8a_query *q, const i8a_span *kv, float *scratch,
                               const i8a_state *out);
-#define I8A_ATTEND4_EXTRA (10 * I8A_MAX_HEAD_DIM + 12 * I8A_K4_GROUP + 64)
+#define I8A_ATTEND4_EXTRA                                                                     \
+    ((I8A_K4_TILE_HEADS * 3 + 4) * I8A_MAX_HEAD_DIM                                            \
+     + I8A_K4_TILE_HEADS * (3 * I8A_K4_GROUP + 3 + 1) * 4 + 64)
+
+/* Query heads whose q planes (three at most) against one K group at 4 bits a tiled K pass keeps
+ * while it passes over the group's rows (the tiles made once for that many heads). */
+#define I8A_K4_TILE_HEADS 8
 
 /* Fold a chunk's state into a running state, one query row (the running one covers the
  * earlier tokens): m = max(m, cm); l = l*a + cl*b; o = o*a + co*b, a = exp(m_old - m),

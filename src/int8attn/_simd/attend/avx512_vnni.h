@@ -46,12 +46,17 @@ I8A_INLINE void i8a_attend4_body_avx512_vnni(const i8a_query *q, const i8a_span 
     const size_t d = q->d, n = kv->n, nq = q->nq;
     uint8_t *extra = (uint8_t *)(scratch + 2 * nq * I8A_CHUNK);
     int32_t *dh = (int32_t *)(scratch + nq * I8A_CHUNK), *dl = (int32_t *)scratch;
+    const int k4_tiled = k4 && nq >= 2, k4_np = q->two_planes ? I8A_K4_QPLANES : 1;
     if (!k4)
         i8a_kdots_avx512_vnni(q, kv, dh, dl);
+    else if (k4_tiled)      /* every head's logits, into p and out->m */
+        i8a_k4_logits_tiled_avx512_vnni(q, kv, scratch, extra, k4_np, out->m);
     for (size_t j = 0; j < nq; j++) {
         float *p = scratch + j * I8A_CHUNK;
         float m;
-        if (!k4)
+        if (k4_tiled)
+            m = out->m[j];
+        else if (!k4)
             m = i8a_logits_avx512_vnni(dh + j * I8A_CHUNK, dl + j * I8A_CHUNK, q->c_hi[j],
                                        q->two_planes ? q->c_lo[j] : 0.0f, q->two_planes,
                                        q->bias[j], q->softcap, q->inv_softcap, kv->ks, n, p);

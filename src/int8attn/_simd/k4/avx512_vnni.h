@@ -152,4 +152,133 @@ I8A_INLINE float i8a_k4_logits_avx512_vnni(const i8a_query *q, const i8a_span *k
     return m;
 }
 
+/* The tiled K pass at 4 bits, for groups of two query heads or more (the 8-bit one's tiles,
+ * kdots/avx512_vnni.h, with the codes unsigned as they are, so no offset to correct): 16 rows of
+ * a K group are unpacked and transposed once, and each head's planes' dots are then one
+ * vpdpbusd per quad, the plane's word broadcast, landing in row order: no row sums to reduce,
+ * and the unpacking shared by the heads. The dots are exact, so the logits are the row pass's
+ * bits. */
+
+/* Dims [i, i + 64) of a K row at 4 bits as 64 unsigned bytes in dim order (block b's low
+ * nibbles are dims 32 b + [0, 16), its high ones 32 b + [16, 32)); zeros past d. */
+I8A_INLINE __m512i i8a_k4_unpack64_avx512_vnni(const uint8_t *row, size_t i, size_t d)
+{
+    const __m256i nib = _mm256_set1_epi8(0x0f);
+    const __m256i x = i8a_load32_avx512_vnni((const int8_t *)row, i / 2, d / 2);
+    const __m256i lo = _mm256_and_si256(x, nib), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), nib);
+    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);  /* lo0 lo1 hi0 hi1 */
+    return _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0));              /* lo0 hi0 lo1 hi1 */
+}
+
+/* The tiles of rows [0, rows) of K at 4 bits from k4 (rows <= 16; the rows past them repeat the
+ * last), as i8a_ktiles_avx512_vnni makes them of 8-bit rows. */
+I8A_INLINE void i8a_k4tiles_avx512_vnni(const uint8_t *k4, size_t rows, size_t d, uint8_t *kt)
+{
+    const uint8_t *src[I8A_KTILE_ROWS];
+    for (size_t r = 0; r < I8A_KTILE_ROWS; r++)
+        src[r] = k4 + (r < rows ? r : rows - 1) * (d / 2);
+    for (size_t i = 0; i < d; i += 64) {
+        __m512i r[I8A_KTILE_ROWS];
+        for (int k = 0; k < I8A_KTILE_ROWS; k++)
+            r[k] = i8a_k4_unpack64_avx512_vnni(src[k], i, d);
+        i8a_transpose16_avx512_vnni(r, i, d, kt);
+    }
+}
+
+/* The dots of the tile kt's 16 rows with NP planes of NH heads (head h's plane k at planes + (h
+ * * I8A_K4_QPLANES + k) * I8A_MAX_HEAD_DIM): dot[(h * I8A_K4_QPLANES + k) * I8A_K4_GROUP + r]
+ * for r < 16. NH <= 4 and NP are constants at every call (12 accumulators at most). */
+I8A_INLINE void i8a_k4tile_dots_avx512_vnni(const uint8_t *kt, size_t d, const int8_t *planes,
+                                            int nh, int np, int32_t *dot)
+{
+    __m512i acc[4][I8A_K4_QPLANES];
+#pragma GCC unroll 4
+    for (int h = 0; h < nh; h++)
+#pragma GCC unroll 3
+        for (int k = 0; k < np; k++)
+            acc[h][k] = _mm512_setzero_si512();
+    for (size_t c = 0; c < d / 4; c++) {
+        const __m512i x = _mm512_load_si512((const void *)(kt + 64 * c));
+#pragma GCC unroll 4
+        for (int h = 0; h < nh; h++)
+#pragma GCC unroll 3
+            for (int k = 0; k < np; k++) {
+                int32_t w;
+                memcpy(&w, planes + ((size_t)h * I8A_K4_QPLANES + (size_t)k) * I8A_MAX_HEAD_DIM
+                           + 4 * c, sizeof w);
+                acc[h][k] = _mm512_dpbusd_epi32(acc[h][k], x, _mm512_set1_epi32(w));
+            }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < nh; h++)
+#pragma GCC unroll 3
+        for (int k = 0; k < np; k++)
+            _mm512_storeu_si512((void *)(dot + ((size_t)h * I8A_K4_QPLANES + (size_t)k) * I8A_K4_GROUP),
+                                acc[h][k]);
+}
+
+/* p_j = scratch + j * I8A_CHUNK [n] the logits of every query head j against the span's K rows
+ * at 4 bits with NP planes, group by group (k4/scalar.h's i8a_logits4_scalar), and m[j] their
+ * max: per group each head's planes (i8a_k4_query_avx512_vnni), then the group's tiles, each
+ * made once for I8A_K4_TILE_HEADS heads. extra: I8A_ATTEND4_EXTRA bytes. */
+I8A_INLINE void i8a_k4_logits_tiled_avx512_vnni(const i8a_query *q, const i8a_span *kv,
+                                                float *scratch, uint8_t *extra, int np, float *m)
+{
+    const size_t d = q->d, n = kv->n, nq = q->nq;
+    int8_t *planes = (int8_t *)extra;  /* [I8A_K4_TILE_HEADS][I8A_K4_QPLANES][I8A_MAX_HEAD_DIM] */
+    float *tmp = (float *)(planes + I8A_K4_TILE_HEADS * I8A_K4_QPLANES * I8A_MAX_HEAD_DIM);
+    float *cs = tmp + I8A_MAX_HEAD_DIM;                     /* [heads][I8A_K4_QPLANES] */
+    float *bias = cs + I8A_K4_TILE_HEADS * I8A_K4_QPLANES;  /* [heads] */
+    int32_t *dot = (int32_t *)(bias + I8A_K4_TILE_HEADS);   /* [heads][planes][I8A_K4_GROUP] */
+    _Alignas(64) uint8_t kt[I8A_KTILE_ROWS * I8A_MAX_HEAD_DIM];
+    for (size_t j = 0; j < nq; j++)
+        m[j] = -FLT_MAX;
+    size_t s = 0;
+    for (size_t grp = 0; s < n; grp++) {
+        const size_t end = (grp + 1) * I8A_K4_GROUP - kv->k4_lead, rows = (end < n ? end : n) - s;
+        if (s < kv->next_n)             /* the next chunk's K, a group's rows at a time */
+            i8a_prefetch_rows(kv->next_k + s * (d / 2), (kv->next_n - s < rows ? kv->next_n - s : rows) * (d / 2));
+        for (size_t j0 = 0; j0 < nq; j0 += I8A_K4_TILE_HEADS) {
+            const size_t j1 = nq - j0 < I8A_K4_TILE_HEADS ? nq : j0 + I8A_K4_TILE_HEADS;
+            for (size_t j = j0; j < j1; j++)
+                i8a_k4_query_avx512_vnni(q->q_float + j * d, kv->k4_min + grp * d,
+                                         kv->k4_min_scale[grp], kv->k4_step + grp * d,
+                                         kv->k4_step_scale[grp], d, np,
+                                         planes + (j - j0) * I8A_K4_QPLANES * I8A_MAX_HEAD_DIM,
+                                         cs + (j - j0) * I8A_K4_QPLANES, bias + (j - j0), tmp);
+            for (size_t t = 0; t < rows; t += I8A_KTILE_ROWS) {
+                const size_t tr = rows - t < I8A_KTILE_ROWS ? rows - t : I8A_KTILE_ROWS;
+                i8a_k4tiles_avx512_vnni(kv->k4 + (s + t) * (d / 2), tr, d, kt);
+                for (size_t j = j0; j < j1; j += 4) {
+                    const int nh = j1 - j >= 4 ? 4 : (int)(j1 - j);
+                    const int8_t *pl = planes + (j - j0) * I8A_K4_QPLANES * I8A_MAX_HEAD_DIM;
+                    int32_t *dt = dot + (j - j0) * I8A_K4_QPLANES * I8A_K4_GROUP + t;
+                    switch (nh * 2 + (np > 1)) {    /* NH and NP as constants */
+                    case 9: i8a_k4tile_dots_avx512_vnni(kt, d, pl, 4, I8A_K4_QPLANES, dt); break;
+                    case 8: i8a_k4tile_dots_avx512_vnni(kt, d, pl, 4, 1, dt); break;
+                    case 7: i8a_k4tile_dots_avx512_vnni(kt, d, pl, 3, I8A_K4_QPLANES, dt); break;
+                    case 6: i8a_k4tile_dots_avx512_vnni(kt, d, pl, 3, 1, dt); break;
+                    case 5: i8a_k4tile_dots_avx512_vnni(kt, d, pl, 2, I8A_K4_QPLANES, dt); break;
+                    case 4: i8a_k4tile_dots_avx512_vnni(kt, d, pl, 2, 1, dt); break;
+                    case 3: i8a_k4tile_dots_avx512_vnni(kt, d, pl, 1, I8A_K4_QPLANES, dt); break;
+                    default: i8a_k4tile_dots_avx512_vnni(kt, d, pl, 1, 1, dt); break;
+                    }
+                }
+            }
+            for (size_t j = j0; j < j1; j++) {
+                const float gm = i8a_logits4_avx512_vnni(dot + (j - j0) * I8A_K4_QPLANES * I8A_K4_GROUP,
+                                                         cs + (j - j0) * I8A_K4_QPLANES, np,
+                                                         bias[j - j0], q->softcap, q->inv_softcap,
+                                                         rows, scratch + j * I8A_CHUNK + s);
+                m[j] = gm > m[j] ? gm : m[j];
+            }
+        }
+        s += rows;
+    }
+}
+
+_Static_assert(I8A_K4_QPLANES <= 3 && I8A_K4_GROUP == 2 * I8A_KTILE_ROWS,
+               "the tiled K pass at 4 bits: its planes and a group's two tiles fit "
+               "I8A_ATTEND4_EXTRA's layout");
+
 #endif

@@ -106,6 +106,38 @@ I8A_INLINE void i8a_kdots_rows_avx512_vnni(const i8a_query *q, const i8a_span *k
  * Rows past n repeat row n - 1; quads past d are not stored. */
 #define I8A_KTILE_ROWS 16
 
+/* Dims [i, i + 64) of 16 rows, r[k] holding row k's 64 bytes, transposed into their quads' tiles:
+ * kt[64 c + 4 k + b] = r[k] byte 4 (c - i / 4) + b for the quads c in [i / 4, i / 4 + 16) below
+ * d / 4 (the K passes of both widths make their tiles by it). */
+I8A_INLINE void i8a_transpose16_avx512_vnni(const __m512i r[16], size_t i, size_t d, uint8_t *kt)
+{
+    __m512i t[16], u[16];
+    for (int k = 0; k < 16; k += 2) {          /* rows k, k + 1 interleaved by 32-bit words */
+        t[k] = _mm512_unpacklo_epi32(r[k], r[k + 1]);
+        t[k + 1] = _mm512_unpackhi_epi32(r[k], r[k + 1]);
+    }
+    for (int g = 0; g < 16; g += 4) {          /* u[g + c], 128-bit lane L: quad 4 L + c of rows g.. */
+        u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+        u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+        u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+        u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+    }
+    const size_t quads = d - i >= 64 ? 16 : (d - i) / 4;
+    for (int c = 0; c < 4; c++) {              /* lane L of u[c], u[4 + c], u[8 + c], u[12 + c] */
+        const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);
+        const __m512i v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+        const __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
+        const __m512i v3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+        const __m512i o[4] = {_mm512_shuffle_i32x4(v0, v2, 0x88),
+                              _mm512_shuffle_i32x4(v0, v2, 0xDD),
+                              _mm512_shuffle_i32x4(v1, v3, 0x88),
+                              _mm512_shuffle_i32x4(v1, v3, 0xDD)};
+        for (size_t L = 0; L < 4; L++)
+            if (4 * L + (size_t)c < quads)
+                _mm512_store_si512((void *)(kt + 16 * i + 64 * (4 * L + (size_t)c)), o[L]);
+    }
+}
+
 I8A_INLINE void i8a_ktiles_avx512_vnni(const i8a_span *kv, const int8_t *const *rows, size_t s,
                                        size_t d, int one_run, uint8_t *kt)
 {
@@ -115,33 +147,10 @@ I8A_INLINE void i8a_ktiles_avx512_vnni(const i8a_span *kv, const int8_t *const *
         src[r] = i8a_krow_of(kv, rows, s + r < n ? s + r : n - 1, d, one_run);
     const __m512i bias = _mm512_set1_epi8((char)0x80);
     for (size_t i = 0; i < d; i += 64) {       /* quads [i / 4, i / 4 + 16): a 16 x 16 transpose */
-        __m512i r[16], t[16], u[16];
+        __m512i r[16];
         for (int k = 0; k < 16; k++)
             r[k] = _mm512_xor_si512(i8a_load64_avx512_vnni(src[k], i, d), bias);
-        for (int k = 0; k < 16; k += 2) {      /* rows k, k + 1 interleaved by 32-bit words */
-            t[k] = _mm512_unpacklo_epi32(r[k], r[k + 1]);
-            t[k + 1] = _mm512_unpackhi_epi32(r[k], r[k + 1]);
-        }
-        for (int g = 0; g < 16; g += 4) {      /* u[g + c], 128-bit lane L: quad 4 L + c of rows g.. */
-            u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
-            u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
-            u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
-            u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
-        }
-        const size_t quads = d - i >= 64 ? 16 : (d - i) / 4;
-        for (int c = 0; c < 4; c++) {          /* lane L of u[c], u[4 + c], u[8 + c], u[12 + c] */
-            const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);
-            const __m512i v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
-            const __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
-            const __m512i v3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
-            const __m512i o[4] = {_mm512_shuffle_i32x4(v0, v2, 0x88),
-                                  _mm512_shuffle_i32x4(v0, v2, 0xDD),
-                                  _mm512_shuffle_i32x4(v1, v3, 0x88),
-                                  _mm512_shuffle_i32x4(v1, v3, 0xDD)};
-            for (size_t L = 0; L < 4; L++)
-                if (4 * L + (size_t)c < quads)
-                    _mm512_store_si512((void *)(kt + 16 * i + 64 * (4 * L + (size_t)c)), o[L]);
-        }
+        i8a_transpose16_avx512_vnni(r, i, d, kt);
     }
 }
 
