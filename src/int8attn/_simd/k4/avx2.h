@@ -162,8 +162,8 @@ I8A_INLINE float i8a_k4_logits_avx2(const i8a_query *q, const i8a_span *kv, size
                           kv->k4_step + grp * d, kv->k4_step_scale[grp], d, np, planes, c, &bias, r);
         for (int k = 0; k < np; k++)
             i8a_k4_order_avx2(planes + k * I8A_MAX_HEAD_DIM, d, lo + k * half, hi + k * half);
-        if (j == 0 && s < kv->next_n)   /* the next chunk's K, a group's rows at a time */
-            i8a_prefetch_rows(kv->next_k + s * (d / 2), (kv->next_n - s < rows ? kv->next_n - s : rows) * (d / 2));
+        if (j == 0)   /* the next chunk's K, a group's rows at a time */
+            i8a_k4_prefetch_group(kv, s, rows, d);
         i8a_k4dots_avx2(kv->k4 + s * (d / 2), rows, d, lo, hi, np, dot);
         const float gm = i8a_logits4_avx2(dot, c, np, bias, q->softcap, q->inv_softcap, rows, p + s);
         m = gm > m ? gm : m;

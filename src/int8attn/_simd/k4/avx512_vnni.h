@@ -141,8 +141,8 @@ I8A_INLINE float i8a_k4_logits_avx512_vnni(const i8a_query *q, const i8a_span *k
                                  &bias, tmp);
         for (int k = 0; k < np; k++)
             i8a_k4_order_avx512_vnni(planes + k * I8A_MAX_HEAD_DIM, d, lo + k * half, hi + k * half);
-        if (j == 0 && s < kv->next_n)   /* the next chunk's K, a group's rows at a time */
-            i8a_prefetch_rows(kv->next_k + s * (d / 2), (kv->next_n - s < rows ? kv->next_n - s : rows) * (d / 2));
+        if (j == 0)   /* the next chunk's K, a group's rows at a time */
+            i8a_k4_prefetch_group(kv, s, rows, d);
         i8a_k4dots_avx512_vnni(kv->k4 + s * (d / 2), rows, d, lo, hi, np, dot);
         const float gm = i8a_logits4_avx512_vnni(dot, c, np, bias, q->softcap, q->inv_softcap,
                                                  rows, p + s);
@@ -236,8 +236,7 @@ I8A_INLINE void i8a_k4_logits_tiled_avx512_vnni(const i8a_query *q, const i8a_sp
     size_t s = 0;
     for (size_t grp = 0; s < n; grp++) {
         const size_t end = (grp + 1) * I8A_K4_GROUP - kv->k4_lead, rows = (end < n ? end : n) - s;
-        if (s < kv->next_n)             /* the next chunk's K, a group's rows at a time */
-            i8a_prefetch_rows(kv->next_k + s * (d / 2), (kv->next_n - s < rows ? kv->next_n - s : rows) * (d / 2));
+        i8a_k4_prefetch_group(kv, s, rows, d);         /* the next chunk's K */
         for (size_t j0 = 0; j0 < nq; j0 += I8A_K4_TILE_HEADS) {
             const size_t j1 = nq - j0 < I8A_K4_TILE_HEADS ? nq : j0 + I8A_K4_TILE_HEADS;
             for (size_t j = j0; j < j1; j++)

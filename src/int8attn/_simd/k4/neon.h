@@ -136,8 +136,8 @@ I8A_INLINE float i8a_k4_logits_with_neon(i8a_dot16_neon_fn dot16, const i8a_quer
         float c[I8A_K4_QPLANES], bias;
         i8a_k4_query_neon(q->q_float + j * d, kv->k4_min + grp * d, kv->k4_min_scale[grp],
                           kv->k4_step + grp * d, kv->k4_step_scale[grp], d, np, planes, c, &bias, r);
-        if (j == 0 && s < kv->next_n)   /* the next chunk's K, a group's rows at a time */
-            i8a_prefetch_rows(kv->next_k + s * (d / 2), (kv->next_n - s < rows ? kv->next_n - s : rows) * (d / 2));
+        if (j == 0)   /* the next chunk's K, a group's rows at a time */
+            i8a_k4_prefetch_group(kv, s, rows, d);
         i8a_k4dots_with_neon(dot16, kv->k4 + s * (d / 2), rows, d, planes, np, dot);
         const float gm = i8a_logits4_neon(dot, c, np, bias, q->softcap, q->inv_softcap, rows, p + s);
         m = gm > m ? gm : m;

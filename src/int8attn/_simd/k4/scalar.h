@@ -80,6 +80,16 @@ static inline float i8a_logit4(const int32_t *dot, const float *c, int planes, f
     return cap > 0.0f ? i8a_softcap(lg, cap, inv_cap) : lg;
 }
 
+/* The prefetch hint of a K group at 4 bits: the next chunk's rows [s, s + rows) that exist
+ * (next_n of them), while this chunk's group at s is attended (the vector tiers give it once a
+ * group). */
+static inline void i8a_k4_prefetch_group(const i8a_span *kv, size_t s, size_t rows, size_t d)
+{
+    if (s < kv->next_n)
+        i8a_prefetch_rows(kv->next_k + s * (d / 2),
+                          (kv->next_n - s < rows ? kv->next_n - s : rows) * (d / 2));
+}
+
 /* The logits of query head j against the span's K rows at 4 bits: each group's planes
  * (i8a_k4_query; three with q_bits=16, one with 8) against its rows' codes, exact int32 dots;
  * p [n]; returns their max. extra: I8A_ATTEND4_EXTRA bytes. */
