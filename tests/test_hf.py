@@ -108,18 +108,18 @@ def test_the_logits_follow_the_model_dtype():
 
 def test_a_batch_is_one_prefill_call_per_layer(monkeypatch, small_slack):
     """Batch 3 attends every layer in one engine call over the 3 sequences' caches (prefill_batch's,
-    through _prefill_rows), the prompt in one call on a full layer (a sliding layer: one per
-    chunk of its slack)."""
+    through the layer's compiled call), the prompt in one call on a full layer (a sliding
+    layer: one per chunk of its slack)."""
     model = _model("qwen2")
     ids, steps = _tokens(3)
     calls = []
-    real = ih._prefill_rows
+    real = ih._engine
 
-    def counting(caches, k, v, q, options):
+    def counting(caches, k, v, q, *options):
         calls.append((len(caches), q.shape[1]))
-        return real(caches, k, v, q, options)
+        return real(caches, k, v, q, *options)
 
-    monkeypatch.setattr(ih, "_prefill_rows", counting)
+    monkeypatch.setattr(ih, "_engine", counting)
     _run(model, ih.Int8Cache(model.config, max_cache_len=100), ids, steps)
     # the prompt of 70: 2 full layers in one call; 2 sliding ones in chunks of 32 (32, 32, 6);
     # then 4 per step
@@ -214,6 +214,52 @@ def test_the_cache_length_is_enforced_and_a_refused_call_changes_nothing():
         assert all(len(layer.caches[0]) == PROMPT for layer in cache.layers)
         model(steps[:, :1], cache=cache)              # one more still fits
     assert cache.get_seq_length() == PROMPT + 1
+
+
+def test_a_layer_refuses_k_v_and_q_that_do_not_fit_and_changes_nothing():
+    """A layer checks K, V (kept as given by update) and q when it attends, before anything is
+    appended: each refusal names what does not fit, and the layer and its caches are as before."""
+    g = torch.Generator().manual_seed(3)
+
+    def rows(b, heads, t, d=32):                     # the model's [B, heads, T, D]
+        return torch.randn(b, heads, t, d, generator=g)
+
+    layer = ih.Int8Layer(100)
+    layer.update(rows(2, 2, 5), rows(2, 2, 5))
+    layer.attend(rows(2, 4, 5), None, None, None)
+    before = [c.state_dict() for c in layer.caches]
+    bad = [((rows(2, 2, 1), rows(2, 2, 1), rows(2, 4, 2)), "2 queries for 1 new K/V tokens"),
+           ((rows(2, 3, 1), rows(2, 3, 1), rows(2, 6, 1)),
+            r"K/V of shape \[2, 3, 1, 32\] do not fit this cache \(batch 2, 2 kv heads"),
+           ((rows(1, 2, 1), rows(1, 2, 1), rows(1, 4, 1)), "batch 2"),
+           ((rows(2, 2, 1), rows(2, 2, 2), rows(2, 4, 1)),
+            r"K of shape \[2, 2, 1, 32\] and V of shape \[2, 2, 2, 32\] differ"),
+           ((rows(2, 2, 96), rows(2, 2, 96), rows(2, 4, 96)), "96 new token.* exceed max_cache_len")]
+    for (k, v, q), message in bad:
+        layer.update(k, v)
+        with pytest.raises(ValueError, match=message):
+            layer.attend(q, None, None, None)
+        assert layer.seen == 5 and layer.pending is None
+        for c, state in zip(layer.caches, before):
+            for name, value in c.state_dict().items():
+                np.testing.assert_array_equal(value, state[name])
+    layer.update(rows(2, 2, 1), rows(2, 2, 1))       # a call that fits still works
+    assert layer.attend(rows(2, 4, 1), None, None, None).shape == (2, 1, 4, 32)
+    assert layer.seen == 6
+    with pytest.raises(RuntimeError, match="without a preceding cache update"):
+        layer.attend(rows(2, 4, 1), None, None, None)
+
+
+def test_a_forward_that_tracks_gradients_gives_the_same_logits():
+    """Outside no_grad, q, k and v need grad: the attention takes them detached (inference only)
+    and the logits are those of a no_grad run, bit for bit."""
+    model = _model("llama")
+    ids, _ = _tokens(1)
+    got = model(ids, cache=ih.Int8Cache(model.config, max_cache_len=PROMPT)).logits
+    assert got.requires_grad
+    with torch.no_grad():
+        want = model(ids, cache=ih.Int8Cache(model.config, max_cache_len=PROMPT)).logits
+    assert torch.equal(got.detach(), want)
 
 
 def test_crop_takes_tokens_back(small_slack):

@@ -209,10 +209,14 @@ cdef class _Store:
         """Take the busy flag, first thing in every call that reads or changes the cache: the
         arguments are converted and checked after it (converting can run Python code, which
         can let another thread in), so what they were checked against cannot change."""
+        self._take()
+
+    cdef int _take(self) except -1:
         if self._c.v_scale == NULL:
             raise RuntimeError(f"this {type(self).__name__} was never initialized")
         if not i8a_try_acquire(&self._busy):
             raise RuntimeError(f"this {type(self).__name__} is in use by another thread")
+        return 0
 
     def _leave(self):
         i8a_release(&self._busy)
@@ -306,6 +310,12 @@ def _decode(list seq, qa, out, float scale, int q_bits, size_t window, size_t si
     gives them ([B,] [T,] H, D); with ka, va ([B,] T, Hkv, D, as _args.append gives them) one
     i8a_prefill_batch: the T rows appended, then their queries. Refused here too when they do
     not fit (the engine's last guard)."""
+    _run(seq, qa, out, scale, q_bits, window, sinks, softcap, batch, ka, va)
+
+
+cdef int _run(list seq, qa, out, float scale, int q_bits, size_t window, size_t sinks,
+              float softcap, bint batch, ka, va) except -1:
+    """_decode's work (also _prefill_layer's)."""
     cdef _Store c, c0 = seq[0]
     cdef int lead = 1 if batch else 0
     cdef size_t nb = len(seq), t = 1 if qa.ndim == 2 + lead else qa.shape[lead], bad = 0
@@ -345,7 +355,7 @@ def _decode(list seq, qa, out, float scale, int q_bits, size_t window, size_t si
     if rc == 3:
         raise MemoryError("decode could not allocate its workspace")
     if rc == 0:
-        return
+        return 0
     if rc in (1, 2) and new:                  # a k or v row
         b, row = divmod(bad, t * hkv)
         rows = (ka if rc == 1 else va).reshape(nb, t, hkv, d)
@@ -360,6 +370,27 @@ def _decode(list seq, qa, out, float scale, int q_bits, size_t window, size_t si
     if batch:
         raise type(err)(f"caches[{b}]: {err}")
     raise err
+
+
+def _prefill_layer(list seq, ka, va, qa, float scale, int q_bits, size_t window, size_t sinks,
+                   float softcap):
+    """int8attn.hf's call per layer (``_decode``'s prefill with batch, and no Python around it):
+    the busy flags of seq's caches (a layer's own list of distinct caches) taken here, an output
+    allocated, the rows appended and attended, the flags given back. ka, va float32
+    C-contiguous [B, T, Hkv, D], qa [B, T, H, D]; the options as _args.decode_options gives them,
+    with window and sinks at most the caches' max_seq. Returns float32 [B, T, H, D]."""
+    cdef _Store c
+    cdef size_t taken = 0
+    try:
+        for c in seq:
+            c._take()
+            taken += 1
+        out = np.empty(qa.shape, np.float32)
+        _run(seq, qa, out, scale, q_bits, window, sinks, softcap, True, ka, va)
+        return out
+    finally:
+        for c in seq[:taken]:
+            i8a_release(&c._busy)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -478,29 +478,6 @@ def prefill_batch(caches, k, v, q, *, scale=None, q_bits=16, out=None, window=No
         return result
 
 
-def _prefill_rows(caches, ka, va, qa, options):
-    """``prefill_batch`` for int8attn.hf's layers, whose arrays and options are already in the
-    engine's form: ka, va float32 C-contiguous ``[B, T, Hkv, D]``, qa ``[B, T, H, D]``, and
-    options ``_args.decode_options``' tuple (scale, q_bits, window, sinks, softcap), checked once
-    per layer. The busy flags are taken and the compiled call checks the shapes and the room
-    (the last guard) as ``prefill_batch``'s does; the engine refuses NaN, Inf and out-of-range
-    rows, naming them, with nothing appended. Returns float32 ``[B, T, H, D]``."""
-    held = []
-    try:                            # caches: a layer's own list, distinct KVCache (no checks)
-        for c in caches:
-            c._enter()
-            held.append(c)
-        scale, q_bits, window, sinks, cap = options
-        most = caches[0].max_seq
-        out = np.empty(qa.shape, np.float32)
-        _cache._decode(held, qa, out, scale, q_bits, min(window, most), min(sinks, most), cap,
-                       True, ka, va)
-        return out
-    finally:
-        for c in held:
-            c._leave()
-
-
 class _taken:
     """``with _taken(caches) as seq``: caches as a list of distinct KVCache of equal n_kv_heads
     and head_dim, each one's busy flag held for the block (a cache in use by another thread

@@ -51,7 +51,7 @@ except ImportError as e:                                  # pragma: no cover - d
 from . import FORMATS, Int8KVCache, KVCache, prefill_batch
 from . import _args
 from . import _rules as R
-from ._kvcache import _prefill_rows
+from ._cache import _prefill_layer as _engine   # (a module global: tests count its calls)
 
 if int(transformers.__version__.split(".")[0]) < 5:        # pragma: no cover
     raise ImportError(f"int8attn.hf needs transformers>=5 (the cache= API), found "
@@ -94,14 +94,23 @@ def _marker(layer: Int8Layer) -> torch.Tensor:
 
 def _as_rows(x: torch.Tensor) -> np.ndarray:
     """[B, heads, T, D] torch -> [B, T, heads, D] float32 C-contiguous numpy (a view when it
-    already is one: a decode step's single token, in float32). Each torch call costs a
-    microsecond or two, and a decode step makes three of these per layer."""
-    if x.requires_grad:
-        x = x.detach()
-    if x.dtype != torch.float32:
+    already is one: a decode step's single token, in float32). A decode step makes three of
+    these per layer, so the common case is three cheap calls (a torch call costs a microsecond
+    or two inside a model's step: numpy's views cost less than torch's calls; a raised
+    exception costs tens)."""
+    if x.dtype is not torch.float32:
         x = x.to(torch.float32)
-    a = x.numpy().transpose(0, 2, 1, 3)         # numpy's views cost less than torch's calls
+    try:
+        a = x.numpy()
+    except RuntimeError:               # a tensor that needs grad (the attention has none)
+        a = x.detach().numpy()
+    a = a.transpose(0, 2, 1, 3)
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def _heads_first(shape: tuple) -> list[int]:
+    """A [B, T, Hkv, D] shape as the model's K and V have it: [B, Hkv, T, D]."""
+    return [shape[0], shape[2], shape[1], shape[3]]
 
 
 def _clone(c: KVCache) -> KVCache:
@@ -160,8 +169,10 @@ class Int8Layer(CacheLayerMixin):
         self.caches: list[KVCache] = []
         self.seen = 0                  # positions of the sequence this layer has attended
         self.pending: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.marker: torch.Tensor | None = None     # what update() returns, made once
-        self.options: tuple[tuple, tuple] | None = None   # (scale, window, softcap), checked
+        self.marker = _marker(self)    # what update() returns
+        self.kv_shape: tuple[int, int] | None = None     # (Hkv, D), set at the first update
+        self.key: tuple | None = None  # the (scale, window, softcap) of `options`, checked
+        self.options: tuple = ()       # the engine's options of `key` (_engine's last five)
 
     def __repr__(self) -> str:
         kind = f"sliding_window={self.sliding_window}" if self.is_sliding else "full"
@@ -176,73 +187,87 @@ class Int8Layer(CacheLayerMixin):
         return self.max_cache_len
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        if key_states.device.type != "cpu":
+            raise ValueError(f"int8attn runs on the CPU; K/V are on {key_states.device}")
         b, hkv, _, d = key_states.shape
         self.dtype, self.device = key_states.dtype, key_states.device
         self.caches = [_new_cache(hkv, self.capacity, d, self.kv_format, self.k_bits,
                                   self.v_bits) for _ in range(b)]
+        self.kv_shape = (hkv, d)
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Take the new tokens' K and V ([B, Hkv, T, D], kept as they are); the int8attn attention
-        of this layer, which runs next, stores them and attends. Returns markers, not tensors of
-        K and V."""
-        if key_states.device.type != "cpu":
-            raise ValueError(f"int8attn runs on the CPU; K/V are on {key_states.device}")
+        of this layer, which runs next, checks them, stores them and attends. Returns markers,
+        not tensors of K and V. (A decode step calls this and ``attend`` once per layer, so
+        both do as few Python operations as they can: the checks are ``attend``'s, on numpy
+        shapes.)"""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        b, hkv, t, d = key_states.shape
-        c0 = self.caches[0]
-        if (b, hkv, d) != (len(self.caches), c0.n_kv_heads, c0.head_dim):
-            raise ValueError(f"int8attn: K/V of shape {list(key_states.shape)} do not fit this "
-                             f"cache (batch {len(self.caches)}, {c0.n_kv_heads} kv heads, head dim "
-                             f"{c0.head_dim}); reset() it or make a new Int8Cache")
-        if self.seen + t > self.max_cache_len:
-            raise ValueError(f"int8attn: {t} new token(s) after {self.seen} exceed "
-                             f"max_cache_len={self.max_cache_len}; make the Int8Cache larger")
         self.pending = (key_states, value_states)
-        if self.marker is None:
-            self.marker = _marker(self)
         return self.marker, self.marker
 
     def attend(self, query: torch.Tensor, scale: float | None, window: int | None,
                softcap: float | None) -> torch.Tensor:
         """Store the pending tokens and attend: query [B, H, T, D] -> [B, T, H, D] in the
-        query's dtype."""
-        if self.pending is None:
+        query's dtype. Raises before anything is stored when K, V or the arguments do not fit."""
+        pending = self.pending
+        if pending is None:
             raise RuntimeError("int8attn: attention without a preceding cache update")
-        k, v = self.pending
         self.pending = None
+        if self.key != (scale, window, softcap):
+            self._set_options(scale, window, softcap)
+        q, k, v = _as_rows(query), _as_rows(pending[0]), _as_rows(pending[1])
+        t = q.shape[1]
+        if k.shape != (len(self.caches), t) + self.kv_shape or v.shape != k.shape:
+            self._refuse(k.shape, v.shape, t)
+        if self.seen + t > self.max_cache_len:
+            raise ValueError(f"int8attn: {t} new token(s) after {self.seen} exceed "
+                             f"max_cache_len={self.max_cache_len}; make the Int8Cache larger")
+        if not self.is_sliding:
+            out = _engine(self.caches, k, v, q, *self.options)
+            self.seen += t
+        else:
+            # prefill_batch: every query reads what token-by-token steps read, however long the
+            # call; a sliding layer's steps leave room to evict between them
+            step = self.slack - self.rollback
+            parts = []
+            for a in range(0, t, step):
+                z = min(t, a + step)
+                self._make_room(z - a)
+                parts.append(_engine(self.caches, k[:, a:z], v[:, a:z], q[:, a:z],
+                                     *self.options))
+                self.seen += z - a
+            out = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+        out = torch.from_numpy(out)
+        return out if query.dtype is torch.float32 else out.to(query.dtype)
+
+    def _refuse(self, k_shape: tuple, v_shape: tuple, t: int) -> None:
+        """The error for K and V ([B, T, Hkv, D] here) that do not fit t queries or the cache."""
+        hkv, d = self.kv_shape
+        if k_shape[1] != t:
+            raise ValueError(f"int8attn: {t} queries for {k_shape[1]} new K/V tokens; int8attn "
+                             f"attends each new token's query over the cache")
+        if k_shape != v_shape:
+            raise ValueError(f"int8attn: K of shape {_heads_first(k_shape)} and V of shape "
+                             f"{_heads_first(v_shape)} differ")
+        raise ValueError(f"int8attn: K/V of shape {_heads_first(k_shape)} do not fit this cache "
+                         f"(batch {len(self.caches)}, {hkv} kv heads, head dim {d}); reset() it or make a new "
+                         f"Int8Cache")
+
+    def _set_options(self, scale: float | None, window: int | None,
+                     softcap: float | None) -> None:
+        """Check the attention's arguments (_args.decode_options) and keep the engine's options
+        of them: a model passes the same ones every call, so this runs once per layer."""
         if window != self.sliding_window:
             raise ValueError(f"int8attn: the model attends with sliding_window={window} but the "
                              f"config makes this layer's window {self.sliding_window}")
-        options = self._options(scale, window, softcap)
-        q, k, v = _as_rows(query), _as_rows(k), _as_rows(v)
-        t = q.shape[1]
-        if t != k.shape[1]:
-            raise ValueError(f"int8attn: {t} queries for {k.shape[1]} new K/V tokens; int8attn "
-                             f"attends each new token's query over the cache")
-        # prefill_batch: every query reads what token-by-token steps read, however long the
-        # call; a sliding layer's steps leave room to evict between them
-        step = self.slack - self.rollback if self.is_sliding else t
-        parts = []
-        for a in range(0, t, step):
-            z = min(t, a + step)
-            self._make_room(z - a)
-            parts.append(_prefill_rows(self.caches, k[:, a:z], v[:, a:z], q[:, a:z], options))
-            self.seen += z - a
-        out = torch.from_numpy(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1))
-        return out if query.dtype == torch.float32 else out.to(query.dtype)
-
-    def _options(self, scale: float | None, window: int | None,
-                 softcap: float | None) -> tuple:
-        """The decode options of these attention arguments, checked (_args.decode_options) the
-        first time a layer sees them and kept: a model passes the same ones every call."""
-        key = (scale, window, softcap)
-        if self.options is None or self.options[0] != key:
-            d = self.caches[0].head_dim
-            self.options = (key, _args.decode_options(scale, 16, window, 0, softcap, d))
-        return self.options[1]
+        s, q_bits, w, sinks, cap = _args.decode_options(scale, 16, window, 0, softcap,
+                                                        self.kv_shape[1])
+        most = self.capacity                 # every cache of the layer holds this many
+        self.options = (s, q_bits, min(w, most), min(sinks, most), cap)
+        self.key = (scale, window, softcap)
 
     def _make_room(self, n: int) -> None:
         """A sliding layer's caches forget what no query sees, when n more tokens would not
@@ -257,7 +282,7 @@ class Int8Layer(CacheLayerMixin):
         new = Int8Layer.__new__(Int8Layer)
         new.__dict__.update(self.__dict__)
         new.caches = [_clone(c) for c in self.caches]
-        new.marker = None
+        new.marker = _marker(new)
         return new
 
     # -- what transformers asks of a layer ---------------------------------------------------
