@@ -238,7 +238,8 @@ typedef struct {
  *     on, else 0;
  *   windows: with a recent window, per kv head the state of R rows over it (the same shape);
  *   workers: per thread the attend scratch, worker_bytes each (a paged view's: the scales of
- *     the span it attends from `gather` on, 2 * I8A_CHUNK floats); end: the workspace's size. */
+ *     the span it attends from `gather` on, 2 * I8A_CHUNK floats), at least a window item's
+ *     (i8a_window_scratch_bytes); end: the workspace's size. */
 typedef struct {
     i8a_chunk_runs runs;    /* the visible chunks */
     size_t nvis;            /* their number: runs.count[0] + runs.count[1] */

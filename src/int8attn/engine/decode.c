@@ -97,7 +97,7 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
     for (size_t item = begin; item < end; item++) {
         if (item >= chunks) {                               /* a kv head's recent window */
             const size_t g = item - chunks;
-            i8a_window_item(job, g);
+            i8a_window_item(job, g, (char *)scratch);
             if (atomic_fetch_sub_explicit(left + g, 1, memory_order_acq_rel) == 1)
                 i8a_finish_head(job, g);
             continue;
@@ -308,7 +308,7 @@ int i8a_decode_views(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, cons
     size_t total = 0;       /* the workspaces, each 64-byte aligned */
     for (size_t b = 0; b < n; b++) {
         jobs[b].L = i8a_plan_with_threads(jobs[b].L, threads);
-        total += (jobs[b].L.end + 63) & ~(size_t)63;
+        total += i8a_align64(jobs[b].L.end);
     }
     int rc = 0;
     if (owner) {            /* one workspace, the owner's, cut into the caches' */
@@ -316,7 +316,7 @@ int i8a_decode_views(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, cons
         for (size_t b = 0, at = 0; b < n && rc == 0; b++) {
             cs[b]->work = (char *)owner->work + at;
             cs[b]->work_bytes = jobs[b].L.end;
-            at += (cs[b]->work_bytes + 63) & ~(size_t)63;
+            at += i8a_align64(cs[b]->work_bytes);
         }
     }
     size_t row = 0;         /* cache b's first q row: the earlier caches' t * h */

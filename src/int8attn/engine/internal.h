@@ -31,6 +31,12 @@
 
 /* -- the buffers (store.c): small accessors, inline where every file reads them ------------- */
 
+/* n rounded up to a multiple of 64: every part of a workspace starts on a cache line. */
+static inline size_t i8a_align64(size_t n)
+{
+    return (n + 63) & ~(size_t)63;
+}
+
 /* x itself, or (with a rotation: sign != NULL) its rotated copy in tmp. */
 static inline const float *maybe_rotated(const i8a_kernels *kt, const i8a_cache *c,
                                          const float *sign, const float *x, float *tmp)
@@ -450,8 +456,13 @@ float i8a_q_limit(float scale);
 int i8a_check_query(const float *q, size_t d, float limit);
 
 /* The window item of kv head g: every query row's state over the recent window it sees (m =
- * -inf: none). */
-void i8a_window_item(const decode_job *job, size_t g);
+ * -inf: none). scratch: the worker's, at least i8a_window_scratch_bytes(c->recent) bytes,
+ * 64-byte aligned. */
+void i8a_window_item(const decode_job *job, size_t g, char *scratch);
+
+/* The scratch a window item takes for a window of `recent` rows (the plan puts it in every
+ * worker's part of the workspace, not on the stack of a thread that may have little). */
+size_t i8a_window_scratch_bytes(size_t recent);
 
 /* All items of kv head g are done: per query row, fold the states it has in position order
  * (position 0 from its float row, chunks, and within a chunk the sinks before the window, then

@@ -20,31 +20,50 @@ static void pos0_state(const decode_job *job, size_t g, size_t r, const float *v
         run->o[i] = off ? v0[i] - c->v_offset[g * c->head_dim + i] : v0[i];
 }
 
+/* The parts of a window item's scratch for n <= recent rows, each at a 64-byte aligned offset:
+ * the rows' K and V pointers, their K and V scales, and attend_float's logits. */
+#define WIN_KR(n) 0
+#define WIN_VR(n) (WIN_KR(n) + i8a_align64((n) * sizeof(void *)))
+#define WIN_KS(n) (WIN_VR(n) + i8a_align64((n) * sizeof(void *)))
+#define WIN_VS(n) (WIN_KS(n) + i8a_align64((n) * sizeof(float)))
+#define WIN_LOGIT(n) (WIN_VS(n) + i8a_align64((n) * sizeof(float)))
+#define WIN_END(n) (WIN_LOGIT(n) + i8a_align64(I8A_WIN_HEADS * (n) * sizeof(float)))
+
+size_t i8a_window_scratch_bytes(size_t recent)
+{
+    return WIN_END(recent);     /* recent <= I8A_RECENT_MAX: at most 40 KiB and change */
+}
+
 /* The states of query rows [r, r + nq) of kv head g (one query position's heads: they see the
  * same positions, vis) over the positions of the recent window they see, from its halves (the
  * tier's attend_float, which widens each row once for the heads); each o is then rotated into
- * the stored space, minus l * v_offset when `off` (as the coded rows' states are). Returns 0
- * when the rows see none of the window (st untouched). */
+ * the stored space, minus l * v_offset when `off` (as the coded rows' states are). scratch:
+ * i8a_window_scratch_bytes(c->recent) bytes, 64-byte aligned. Returns 0 when the rows see none
+ * of the window (st untouched). */
 static int window_state(const decode_job *job, size_t g, size_t r, size_t nq,
-                        const visible_ranges *vis, int off, const i8a_state *st)
+                        const visible_ranges *vis, int off, const i8a_state *st, char *scratch)
 {
     const i8a_cache *c = job->c;
-    const size_t d = c->head_dim, sinks = job->opt->sinks;
+    const size_t d = c->head_dim, sinks = job->opt->sinks, most = c->recent;
     const float *qf = (const float *)(job->base + job->L.q_float) + (g * job->L.rows + r) * d;
-    const uint16_t *kr[I8A_RECENT_MAX], *vr[I8A_RECENT_MAX];
-    float ks[I8A_RECENT_MAX], vs[I8A_RECENT_MAX], logit[I8A_WIN_HEADS * I8A_RECENT_MAX];
+    const uint16_t **kr = (const uint16_t **)(void *)(scratch + WIN_KR(most));
+    const uint16_t **vr = (const uint16_t **)(void *)(scratch + WIN_VR(most));
+    float *ks = (float *)(void *)(scratch + WIN_KS(most));
+    float *vs = (float *)(void *)(scratch + WIN_VS(most));
+    float *logit = (float *)(void *)(scratch + WIN_LOGIT(most));
     size_t n = 0;
     size_t s = slot_of(c, vis->fw);                         /* p's slot, stepped along */
     for (size_t p = vis->fw; p < vis->end; p++, s = s + 1 < c->ring ? s + 1 : 0) {
         if (p < vis->lo && p >= sinks)
             continue;
+        if (n == most)                 /* (the window holds at most recent visible rows) */
+            break;
         const size_t at = g * c->ring + s;
         kr[n] = c->k_recent + at * d, vr[n] = c->v_recent + at * d;
         ks[n] = c->k_rscale[at], vs[n++] = c->v_rscale[at];
     }
     if (n == 0)
         return 0;
-    I8A_EXPECT(n <= c->recent);
     const i8a_float_rows rows = {kr, vr, ks, vs, n};
     job->kt->attend_float(qf, nq, &rows, d, job->opt->softcap, logit, st);
     for (size_t j = 0; j < nq; j++) {
@@ -65,13 +84,13 @@ static int row_offset(const i8a_cache *c, const visible_ranges *vis)
     return has_offsets(c) && sees_codes(vis);
 }
 
-void i8a_window_item(const decode_job *job, size_t g)
+void i8a_window_item(const decode_job *job, size_t g, char *scratch)
 {
     const size_t nq = job->nq;
     for (size_t r = 0; r < job->L.rows; r += nq) {     /* a query position's heads at once */
         const visible_ranges vis = i8a_visible(job->c, job->t, r / nq, job->opt);
         const i8a_state st = window_at(job, g, r);
-        if (!window_state(job, g, r, nq, &vis, row_offset(job->c, &vis), &st))
+        if (!window_state(job, g, r, nq, &vis, row_offset(job->c, &vis), &st, scratch))
             for (size_t j = 0; j < nq; j++)
                 st.m[j] = -INFINITY;
     }

@@ -3,11 +3,6 @@
  * cache's length and format, never its rows. */
 #include "internal.h"
 
-static size_t align64(size_t n)
-{
-    return (n + 63) & ~(size_t)63;
-}
-
 size_t i8a_window_start(const i8a_cache *c)
 {
     return window_start(c);
@@ -107,22 +102,24 @@ i8a_plan i8a_plan_decode(const i8a_cache *c, size_t t, size_t h, const i8a_optio
     L.per_head = L.nvis + (c->recent ? 1 : 0);
     L.items = hkv * L.per_head;
     L.work = i8a_work_of(c, t, h, L.nvis);
-    L.state_bytes = align64(L.rows * (d + 2) * f);
-    L.gather = align64(2 * L.rows * I8A_CHUNK * f) + (has_four(c) ? align64(I8A_ATTEND4_EXTRA) : 0);
-    L.worker_bytes = L.gather + (c->paged ? align64(2 * I8A_CHUNK * f) : 0);
+    L.state_bytes = i8a_align64(L.rows * (d + 2) * f);
+    L.gather = i8a_align64(2 * L.rows * I8A_CHUNK * f) + (has_four(c) ? i8a_align64(I8A_ATTEND4_EXTRA) : 0);
+    L.worker_bytes = L.gather + (c->paged ? i8a_align64(2 * I8A_CHUNK * f) : 0);
+    if (c->recent && i8a_window_scratch_bytes(c->recent) > L.worker_bytes)
+        L.worker_bytes = i8a_window_scratch_bytes(c->recent);     /* (a window item's) */
     const size_t qrows = hkv * L.rows;
-    L.q_lo = align64(qrows * d);
-    L.c_hi = L.q_lo + align64(qrows * d);
-    L.c_lo = L.c_hi + align64(qrows * f);
-    L.bias = L.c_lo + align64(qrows * f);
-    L.pos0_logit = L.bias + align64(qrows * f);
-    L.q_float = L.pos0_logit + align64(qrows * f);
-    L.v_pos0 = L.q_float + (c->recent || c->k_bits == 4 ? align64(qrows * d * f) : 0);
-    L.residual = L.v_pos0 + align64(hkv * d * f);
-    L.left = L.residual + align64(d * f);
-    L.run_m = L.left + align64(hkv * sizeof(atomic_size_t));
-    L.run_l = L.run_m + align64(qrows * f);
-    L.states = L.run_l + align64(qrows * f);
+    L.q_lo = i8a_align64(qrows * d);
+    L.c_hi = L.q_lo + i8a_align64(qrows * d);
+    L.c_lo = L.c_hi + i8a_align64(qrows * f);
+    L.bias = L.c_lo + i8a_align64(qrows * f);
+    L.pos0_logit = L.bias + i8a_align64(qrows * f);
+    L.q_float = L.pos0_logit + i8a_align64(qrows * f);
+    L.v_pos0 = L.q_float + (c->recent || c->k_bits == 4 ? i8a_align64(qrows * d * f) : 0);
+    L.residual = L.v_pos0 + i8a_align64(hkv * d * f);
+    L.left = L.residual + i8a_align64(d * f);
+    L.run_m = L.left + i8a_align64(hkv * sizeof(atomic_size_t));
+    L.run_l = L.run_m + i8a_align64(qrows * f);
+    L.states = L.run_l + i8a_align64(qrows * f);
     L.windows = L.states + hkv * L.nvis * L.parts * L.state_bytes;
     L.workers = L.windows + (c->recent ? hkv * L.state_bytes : 0);
     return i8a_plan_with_threads(L, i8a_threads_for(L.work, L.items, max_threads));
