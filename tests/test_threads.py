@@ -190,7 +190,7 @@ def test_the_plan_reads_the_visible_chunks_only(threads, fmt):
     # the workspace: every part inside it, in the documented order, 64-byte aligned
     for p in (whole, cut, many):
         offsets = [p[k] for k in ("q_lo", "c_hi", "c_lo", "bias", "pos0_logit", "q_float",
-                                  "v_pos0", "residual", "left", "run_m", "run_l", "states",
+                                  "v_pos0", "prep", "left", "run_m", "run_l", "states",
                                   "windows", "workers")]
         assert offsets == sorted(offsets) and all(o % 64 == 0 for o in offsets)
         assert p["end"] == p["workers"] + p["threads"] * p["worker_bytes"]

@@ -130,7 +130,7 @@ cdef extern from "_engine.h" nogil:
     ctypedef struct i8a_plan:
         i8a_chunk_runs runs
         size_t nvis, rows, parts, per_head, items, work, threads
-        size_t q_lo, c_hi, c_lo, bias, pos0_logit, q_float, v_pos0, residual, left, run_m, run_l
+        size_t q_lo, c_hi, c_lo, bias, pos0_logit, q_float, v_pos0, prep, left, run_m, run_l
         size_t states, windows, workers, end
         size_t state_bytes, worker_bytes
     i8a_plan i8a_plan_decode(const i8a_cache *c, size_t t, size_t h, const i8a_options *opt,

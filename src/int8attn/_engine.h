@@ -231,7 +231,8 @@ typedef struct {
  *   q_float [hkv][R][d] float, the q the float rows are dotted with (decode.c's prepare_q:
  *     q_hat, or q as given) times the softmax scale (the recent window's dots, and K at 4
  *     bits; absent otherwise);
- *   v_pos0 [hkv][d] float, position 0's V row in the stored space;  residual [d] float;
+ *   v_pos0 [hkv][d] float, position 0's V row in the stored space;  prep [hkv] atomic int: kv head
+ *     g's rows prepared (0 not yet, 1 under way, 2 done: decode.c's ensure_prepared);
  *   left [hkv] atomic: items not yet done per kv head;  run_m, run_l [hkv][R] float;
  *   states: per (kv head, visible chunk, part) the state of R rows, state_bytes each
  *     (o [R][d], m [R], l [R]); the part is 0 for the sinks and 1 for the window when both are
@@ -250,7 +251,7 @@ typedef struct {
                              * kv head), then the windows */
     size_t work;            /* the cost model's estimate (units of I8A_ROWS_PER_THREAD) */
     size_t threads;         /* threads the items run on */
-    size_t q_lo, c_hi, c_lo, bias, pos0_logit, q_float, v_pos0, residual, left, run_m, run_l;
+    size_t q_lo, c_hi, c_lo, bias, pos0_logit, q_float, v_pos0, prep, left, run_m, run_l;
     size_t states, windows, workers, end;
     size_t state_bytes, worker_bytes, gather;
 } i8a_plan;

@@ -4,6 +4,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,13 +43,12 @@ void i8a_cache_free_work(i8a_cache *c)
  * cancels. (With q as given there, a K offset large against K's spread shifted the coded
  * logits alone, by nearly the same amount: 6e-3 off the contract's reference at an offset of
  * 1000 times the spread.) */
-static int prepare_q(const i8a_kernels *kt, const float *q, size_t d, int two_planes,
-                     float scale, int8_t *q_hi, int8_t *q_lo, float *c_hi, float *c_lo,
-                     float *residual, float *q_hat)
+static void prepare_q(const i8a_kernels *kt, const float *q, size_t d, int two_planes,
+                      float scale, int8_t *q_hi, int8_t *q_lo, float *c_hi, float *c_lo,
+                      float *residual, float *q_hat)
 {
     float s_hi, s_lo = 0.0f;
-    if (kt->quantize_row(q, d, q_hi, &s_hi) != 0)
-        return -1;
+    kt->quantize_row(q, d, q_hi, &s_hi);        /* q finite (checked): it cannot fail */
     if (two_planes) {
         for (size_t i = 0; i < d; i++)
             residual[i] = q[i] - (float)q_hi[i] * s_hi;
@@ -60,7 +60,6 @@ static int prepare_q(const i8a_kernels *kt, const float *q, size_t d, int two_pl
         q_hat[i] = (float)((double)q_hi[i] * s_hi + (double)q_lo[i] * s_lo);
     *c_hi = s_hi * scale;
     *c_lo = s_lo * scale;
-    return 0;
 }
 
 /* (x . y) * scale over d floats (d a multiple of 8), the dot in double (the dot of two rows in
@@ -80,6 +79,83 @@ static float dot_scaled(const float *x, const float *y, size_t d, float scale)
     return (float)(lane[0] * (double)scale);
 }
 
+/* The q planes, the biases, position 0's logits and the float q of kv head g's query rows
+ * (its heads at every query position), from the job's q as given. Every row has passed
+ * i8a_check_query (finite, within +-I8A_VALUE_MAX; the rotation keeps it finite), so no step
+ * can fail here. */
+static void prepare_rows(const decode_job *job, size_t g)
+{
+    const i8a_kernels *kt = job->kt;
+    const i8a_cache *c = job->c;
+    const i8a_options *opt = job->opt;
+    const i8a_plan *L = &job->L;
+    const size_t d = c->head_dim, h = job->h, nq = job->nq;
+    int8_t *q_hi = (int8_t *)job->base, *q_lo = (int8_t *)(job->base + L->q_lo);
+    float *c_hi = (float *)(job->base + L->c_hi), *c_lo = (float *)(job->base + L->c_lo);
+    float *bias = (float *)(job->base + L->bias);
+    float *pos0_logit = (float *)(job->base + L->pos0_logit);
+    float *q_float = (float *)(job->base + L->q_float);
+    const int shared = c->k_first || c->recent || has_offsets(c);  /* more than the codes */
+    /* q rows in the order of the kernels: kv head, then query position, then head of the group */
+    for (size_t tt = 0; tt < job->t; tt++) {
+        const visible_ranges vis = i8a_visible(c, job->t, tt, opt);
+        const int coded = sees_codes(&vis);
+        for (size_t j = 0; j < nq; j++) {
+            const size_t r = g * L->rows + tt * nq + j;
+            float tmp[I8A_MAX_HEAD_DIM], q_hat[I8A_MAX_HEAD_DIM], residual[I8A_MAX_HEAD_DIM];
+            const float *q0 = job->q + (tt * h + g * nq + j) * d;
+            const float *qrow = maybe_rotated(kt, c, c->k_sign, q0, tmp);
+            /* q_hat (prepare_q) when the row reads coded positions with K at 8 bits and
+             * something shares their q (float rows, the offset); else none (K at 4 bits makes
+             * each group's near exact planes from q_float in its attend) */
+            float *hat = coded && c->k_bits == 8 && shared ? q_hat : NULL;
+            if (c->k_bits == 8)
+                prepare_q(kt, qrow, d, opt->q_bits == 16, opt->scale, q_hi + r * d,
+                          q_lo + r * d, c_hi + r, c_lo + r, residual, hat);
+            /* the q the float rows are dotted with, in their space (as given, unrotated):
+             * q_hat rotated back, or q as given */
+            const float *qx = q0;
+            if (hat && c->k_sign) {
+                kt->rotate(hat, d, c->k_sign, 1, tmp);          /* (qrow, in tmp, is used) */
+                qx = tmp;
+            } else if (hat) {
+                qx = hat;
+            }
+            /* the K offset's part of every coded logit (q_hat in the rotated space, as the
+             * offset; offsets only with K at 8 bits) and the logit of position 0 from its float
+             * row: both q.x * scale, the dot in double */
+            bias[r] = hat && has_offsets(c) ? dot_scaled(hat, c->k_offset + g * d, d, opt->scale)
+                                            : 0.0f;
+            if (c->k_first)
+                pos0_logit[r] = dot_scaled(qx, c->k_first + g * d, d, opt->scale);
+            if (c->recent || c->k_bits == 4)
+                for (size_t i = 0; i < d; i++)
+                    q_float[r * d + i] = qx[i] * opt->scale;
+        }
+    }
+}
+
+/* Kv head g's rows prepared (prepare_rows) before anything reads them: the first thread to
+ * reach one of g's items prepares them, and one that comes meanwhile waits for it, yielding
+ * (it takes about a microsecond a head of D = 128). The q preparation is so spread over the
+ * threads that run the kv heads' items; on the calling thread alone it was 6-8 us of a decode
+ * of 32 heads. Flag per kv head: 0 not started, 1 being prepared, 2 done. */
+static void ensure_prepared(const decode_job *job, size_t g)
+{
+    atomic_int *flag = (atomic_int *)(job->base + job->L.prep) + g;
+    if (atomic_load_explicit(flag, memory_order_acquire) == 2)
+        return;
+    int idle = 0;
+    if (atomic_compare_exchange_strong_explicit(flag, &idle, 1, memory_order_acq_rel,
+                                                memory_order_acquire)) {
+        prepare_rows(job, g);
+        atomic_store_explicit(flag, 2, memory_order_release);
+        return;
+    }
+    while (atomic_load_explicit(flag, memory_order_acquire) != 2)
+        sched_yield();
+}
+
 /* Items [begin, end) of a decode: first every (kv head, visible chunk), kv head by kv head, then
  * every kv head's recent window. The windows come last so that each chunk prefetches the next
  * one (across kv heads too) as in a cache without a window; a window between two chunks broke
@@ -97,12 +173,14 @@ static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size
     for (size_t item = begin; item < end; item++) {
         if (item >= chunks) {                               /* a kv head's recent window */
             const size_t g = item - chunks;
+            ensure_prepared(job, g);
             i8a_window_item(job, g, (char *)scratch);
             if (atomic_fetch_sub_explicit(left + g, 1, memory_order_acq_rel) == 1)
                 i8a_finish_head(job, g);
             continue;
         }
         const size_t g = item / nvis, vi = item % nvis;
+        ensure_prepared(job, g);
         const size_t chunk = i8a_visible_chunk(&job->L.runs, vi);
         const i8a_span whole_span = i8a_chunk_span(c, g, chunk);
         const size_t c0 = i8a_chunk_start(c, chunk), c1 = c0 + whole_span.n;
@@ -178,8 +256,10 @@ int i8a_check_query(const float *q, size_t d, float limit)
     return in_range(q, d) ? 2 : 1;
 }
 
-/* Set up job for a decode of cache c by its plan L: its workspace, the q planes and biases, the
- * chunk counters. Returns 0, or i8a_decode's codes with *bad the q row. */
+/* Set up job for a decode of cache c by its plan L: its workspace, every q row checked (in
+ * order, so that *bad is the first bad row), the chunk counters and the kv heads' prepared
+ * flags (the rows are prepared by the items: ensure_prepared). Returns 0, or i8a_decode's
+ * codes with *bad the q row. */
 static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t, size_t h,
                    const i8a_options *opt, const i8a_plan L, float *out, decode_job *job,
                    size_t *bad)
@@ -188,64 +268,22 @@ static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t
     I8A_EXPECT(t >= 1 && t <= c->length && h >= hkv && h % hkv == 0);
     if (i8a_reserve_work(c, L.end) != 0)
         return 3;
-    const decode_job init = {kt, c, opt, (char *)c->work, L, t, h, nq, out};
+    const decode_job init = {kt, c, opt, (char *)c->work, L, t, h, nq, q, out};
     *job = init;
-    int8_t *q_hi = (int8_t *)job->base, *q_lo = (int8_t *)(job->base + L.q_lo);
-    float *c_hi = (float *)(job->base + L.c_hi), *c_lo = (float *)(job->base + L.c_lo);
-    float *residual = (float *)(job->base + L.residual);
-    float *bias = (float *)(job->base + L.bias);
-    float *pos0_logit = (float *)(job->base + L.pos0_logit);
-    float *q_float = (float *)(job->base + L.q_float);
     const float q_limit = i8a_q_limit(opt->scale);
-    const int shared = c->k_first || c->recent || has_offsets(c);  /* more than the codes */
-    /* q rows in the order of the kernels: kv head, then query position, then head of the group */
-    for (size_t tt = 0; tt < t; tt++) {
-        const visible_ranges vis = i8a_visible(c, t, tt, opt);
-        const int coded = sees_codes(&vis);
-        for (size_t head = 0; head < h; head++) {
-            const size_t g = head / nq, r = g * L.rows + tt * nq + head % nq;
-            float tmp[I8A_MAX_HEAD_DIM], q_hat[I8A_MAX_HEAD_DIM];
-            const float *q0 = q + (tt * h + head) * d;
-            const int refused = i8a_check_query(q0, d, q_limit);
-            if (refused) {
-                *bad = tt * h + head;
-                return refused;
-            }
-            const float *qrow = maybe_rotated(kt, c, c->k_sign, q0, tmp);
-            /* q_hat (prepare_q) when the row reads coded positions with K at 8 bits and
-             * something shares their q (float rows, the offset); else none (K at 4 bits makes
-             * each group's near exact planes from q_float in its attend) */
-            float *hat = coded && c->k_bits == 8 && shared ? q_hat : NULL;
-            if (c->k_bits == 8 && prepare_q(kt, qrow, d, opt->q_bits == 16, opt->scale,
-                                            q_hi + r * d, q_lo + r * d, c_hi + r, c_lo + r,
-                                            residual, hat) != 0) {
-                *bad = tt * h + head;
-                return 1;
-            }
-            /* the q the float rows are dotted with, in their space (as given, unrotated):
-             * q_hat rotated back, or q as given */
-            const float *qx = q0;
-            if (hat && c->k_sign) {
-                kt->rotate(hat, d, c->k_sign, 1, tmp);          /* (qrow, in tmp, is used) */
-                qx = tmp;
-            } else if (hat) {
-                qx = hat;
-            }
-            /* the K offset's part of every coded logit (q_hat in the rotated space, as the
-             * offset; offsets only with K at 8 bits) and the logit of position 0 from its float
-             * row: both q.x * scale, the dot in double */
-            bias[r] = hat && has_offsets(c) ? dot_scaled(hat, c->k_offset + g * d, d, opt->scale)
-                                            : 0.0f;
-            if (c->k_first)
-                pos0_logit[r] = dot_scaled(qx, c->k_first + g * d, d, opt->scale);
-            if (c->recent || c->k_bits == 4)
-                for (size_t i = 0; i < d; i++)
-                    q_float[r * d + i] = qx[i] * opt->scale;
+    for (size_t row = 0; row < t * h; row++) {
+        const int refused = i8a_check_query(q + row * d, d, q_limit);
+        if (refused) {
+            *bad = row;
+            return refused;
         }
     }
     atomic_size_t *left = (atomic_size_t *)(job->base + L.left);
-    for (size_t g = 0; g < hkv; g++)
+    atomic_int *prepared = (atomic_int *)(job->base + L.prep);
+    for (size_t g = 0; g < hkv; g++) {
         atomic_init(left + g, L.per_head);
+        atomic_init(prepared + g, 0);
+    }
     return 0;
 }
 
@@ -332,8 +370,10 @@ int i8a_decode_views(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, cons
     if (rc == 0) {
         for (size_t b = 0; b < n; b++)              /* a cache whose queries see only position 0 */
             if (jobs[b].L.per_head == 0)
-                for (size_t g = 0; g < cs[b]->n_kv_heads; g++)
+                for (size_t g = 0; g < cs[b]->n_kv_heads; g++) {
+                    ensure_prepared(&jobs[b], g);
                     i8a_finish_head(&jobs[b], g);
+                }
         const batch_job batch = {jobs, first};
         if (first[n])
             i8a_pool_run(first[n], threads, batch_range, (void *)&batch);

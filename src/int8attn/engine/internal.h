@@ -390,6 +390,7 @@ typedef struct {
     char *base;
     i8a_plan L;
     size_t t, h, nq;
+    const float *q;         /* [t][h][d], as given (checked) */
     float *out;
 } decode_job;
 

@@ -115,8 +115,8 @@ i8a_plan i8a_plan_decode(const i8a_cache *c, size_t t, size_t h, const i8a_optio
     L.pos0_logit = L.bias + i8a_align64(qrows * f);
     L.q_float = L.pos0_logit + i8a_align64(qrows * f);
     L.v_pos0 = L.q_float + (c->recent || c->k_bits == 4 ? i8a_align64(qrows * d * f) : 0);
-    L.residual = L.v_pos0 + i8a_align64(hkv * d * f);
-    L.left = L.residual + i8a_align64(d * f);
+    L.prep = L.v_pos0 + i8a_align64(hkv * d * f);
+    L.left = L.prep + i8a_align64(hkv * sizeof(atomic_int));
     L.run_m = L.left + i8a_align64(hkv * sizeof(atomic_size_t));
     L.run_l = L.run_m + i8a_align64(qrows * f);
     L.states = L.run_l + i8a_align64(qrows * f);
