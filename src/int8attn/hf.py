@@ -253,8 +253,8 @@ class Int8Layer(CacheLayerMixin):
             raise ValueError(f"int8attn: K of shape {_heads_first(k_shape)} and V of shape "
                              f"{_heads_first(v_shape)} differ")
         raise ValueError(f"int8attn: K/V of shape {_heads_first(k_shape)} do not fit this cache "
-                         f"(batch {len(self.caches)}, {hkv} kv heads, head dim {d}); reset() it or make a new "
-                         f"Int8Cache")
+                         f"(batch {len(self.caches)}, {hkv} kv heads, head dim {d}); reset() it "
+                         f"or make a new Int8Cache")
 
     def _set_options(self, scale: float | None, window: int | None,
                      softcap: float | None) -> None:

@@ -56,8 +56,10 @@ static int window_state(const decode_job *job, size_t g, size_t r, size_t nq,
     for (size_t p = vis->fw; p < vis->end; p++, s = s + 1 < c->ring ? s + 1 : 0) {
         if (p < vis->lo && p >= sinks)
             continue;
-        if (n == most)                 /* (the window holds at most recent visible rows) */
-            break;
+        if (n == most) {        /* never: the window holds at most recent visible rows */
+            I8A_EXPECT(n < most);
+            break;              /* (the bound of the scratch, whatever the build) */
+        }
         const size_t at = g * c->ring + s;
         kr[n] = c->k_recent + at * d, vr[n] = c->v_recent + at * d;
         ks[n] = c->k_rscale[at], vs[n++] = c->v_rscale[at];

@@ -103,10 +103,11 @@ i8a_plan i8a_plan_decode(const i8a_cache *c, size_t t, size_t h, const i8a_optio
     L.items = hkv * L.per_head;
     L.work = i8a_work_of(c, t, h, L.nvis);
     L.state_bytes = i8a_align64(L.rows * (d + 2) * f);
-    L.gather = i8a_align64(2 * L.rows * I8A_CHUNK * f) + (has_four(c) ? i8a_align64(I8A_ATTEND4_EXTRA) : 0);
+    L.gather = i8a_align64(2 * L.rows * I8A_CHUNK * f)
+               + (has_four(c) ? i8a_align64(I8A_ATTEND4_EXTRA) : 0);
     L.worker_bytes = L.gather + (c->paged ? i8a_align64(2 * I8A_CHUNK * f) : 0);
-    if (c->recent && i8a_window_scratch_bytes(c->recent) > L.worker_bytes)
-        L.worker_bytes = i8a_window_scratch_bytes(c->recent);     /* (a window item's) */
+    const size_t window_bytes = c->recent ? i8a_window_scratch_bytes(c->recent) : 0;
+    L.worker_bytes = window_bytes > L.worker_bytes ? window_bytes : L.worker_bytes;
     const size_t qrows = hkv * L.rows;
     L.q_lo = i8a_align64(qrows * d);
     L.c_hi = L.q_lo + i8a_align64(qrows * d);
