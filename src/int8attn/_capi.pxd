@@ -144,6 +144,9 @@ cdef extern from "_engine.h" nogil:
     void i8a_dequantize(const i8a_kernels *kt, const i8a_cache *c, float *k, float *v)
     void i8a_evict(const i8a_kernels *kt, i8a_cache *c, size_t n)
     uint64_t i8a_stream_read(const i8a_probe *probe, const i8a_cache *c, size_t threads)
+    enum: I8A_PROF_PARTS
+    void i8a_profile(int on)
+    void i8a_profile_read(uint64_t *ns, uint64_t *count)
     ctypedef struct i8a_open_entry:
         int32_t block
         uint32_t first, top
@@ -184,6 +187,7 @@ cdef extern from "_pool.h" nogil:
     enum:
         I8A_MAX_THREADS
     size_t i8a_cpus_available()
+    int i8a_pool_uses_openmp()
 
 
 # -- numpy arrays into the structs above ------------------------------------------------------

@@ -226,7 +226,11 @@ typedef struct {
 
 /* The plan of one decode (i8a_plan_decode): what it reads, how it splits over threads, and its
  * workspace, every part at a 64-byte aligned offset from the start (R = rows, query rows per kv
- * head; q_hi at offset 0):
+ * head; q_hi at offset 0). Its items take one of two forms: with few rows (row_block 0, the
+ * chunk form) an item is a (kv head, visible chunk) pair, and with a recent window one more per
+ * kv head; with many (a prefill's), an item is a (kv head, block of row_block rows) that attends
+ * the visible chunks and the window for its rows in position order, folding as it goes (the
+ * row form: no states kept per chunk). The same operations in the same order either way:
  *   q_hi, q_lo [hkv][R][d] int8;  c_hi, c_lo, bias, pos0_logit [hkv][R] float;
  *   q_float [hkv][R][d] float, the q the float rows are dotted with (decode.c's prepare_q:
  *     q_hat, or q as given) times the softmax scale (the recent window's dots, and K at 4
@@ -234,26 +238,31 @@ typedef struct {
  *   v_pos0 [hkv][d] float, position 0's V row in the stored space;  prep [hkv] atomic int: kv head
  *     g's rows prepared (0 not yet, 1 under way, 2 done: decode.c's ensure_prepared);
  *   left [hkv] atomic: items not yet done per kv head;  run_m, run_l [hkv][R] float;
- *   states: per (kv head, visible chunk, part) the state of R rows, state_bytes each
- *     (o [R][d], m [R], l [R]); the part is 0 for the sinks and 1 for the window when both are
- *     on, else 0;
- *   windows: with a recent window, per kv head the state of R rows over it (the same shape);
+ *   states (the chunk form): per (kv head, visible chunk, part) the state of R rows,
+ *     state_bytes each (o [R][d], m [R], l [R]); the part is 0 for the sinks and 1 for the
+ *     window when both are on, else 0;
+ *   windows (the chunk form): with a recent window, per kv head the state of R rows over it
+ *     (the same shape);
  *   workers: per thread the attend scratch, worker_bytes each (a paged view's: the scales of
  *     the span it attends from `gather` on, 2 * I8A_CHUNK floats), at least a window item's
- *     (i8a_window_scratch_bytes); end: the workspace's size. */
+ *     (i8a_window_scratch_bytes); the row form's from block_states on: the states of its block
+ *     of rows, per part, state_bytes each (of row_block rows); end: the workspace's size. */
 typedef struct {
     i8a_chunk_runs runs;    /* the visible chunks */
     size_t nvis;            /* their number: runs.count[0] + runs.count[1] */
     size_t rows;            /* query rows per kv head: t * (h / hkv) */
+    size_t row_block;       /* the row form's rows per item (whole query positions); 0: the
+                             * chunk form */
     size_t parts;           /* states per (kv head, chunk): 2 with sinks under a window, else 1 */
-    size_t per_head;        /* items per kv head: nvis, and one for the recent window */
+    size_t per_head;        /* items per kv head: nvis, and one for the recent window (the row
+                             * form: the blocks of rows) */
     size_t items;           /* hkv * per_head: the pool job's items, chunks first (kv head by
-                             * kv head), then the windows */
+                             * kv head), then the windows (the row form: kv head by kv head) */
     size_t work;            /* the cost model's estimate (units of I8A_ROWS_PER_THREAD) */
     size_t threads;         /* threads the items run on */
     size_t q_lo, c_hi, c_lo, bias, pos0_logit, q_float, v_pos0, prep, left, run_m, run_l;
     size_t states, windows, workers, end;
-    size_t state_bytes, worker_bytes, gather;
+    size_t state_bytes, worker_bytes, gather, block_states;
 } i8a_plan;
 
 /* The plan of a decode of t queries of h heads (1 <= t <= len, h a multiple of hkv) with
@@ -440,6 +449,24 @@ void i8a_dequantize(const i8a_kernels *kt, const i8a_cache *c, float *k, float *
  * positions, those whose floats are held, and not position 0 when it is kept apart. */
 size_t i8a_window_start(const i8a_cache *c);
 
+
+/* The engine's profile: while on, time spent in each part below is summed (nanoseconds of
+ * CLOCK_MONOTONIC) with a count per part, over every thread; off, each part costs one relaxed
+ * atomic load. For the benchmarks (benchmarks/vllm_engine.py --profile): the parts nest as
+ * WRITE and ATTEND (the paged pool's calls, on the calling thread), SETUP (within ATTEND: the
+ * views, plans and q checks before the pool runs), POOL (the pool job's wall time; its count is
+ * the threads it was split for, summed), and on the pool's threads PREPARE (a kv head's q rows),
+ * CODED (its chunk items), WINDOW (its float rows) and FINISH (its merges and output). */
+enum {
+    I8A_PROF_WRITE, I8A_PROF_ATTEND, I8A_PROF_SETUP, I8A_PROF_POOL, I8A_PROF_PREPARE,
+    I8A_PROF_CODED, I8A_PROF_WINDOW, I8A_PROF_FINISH, I8A_PROF_PARTS
+};
+
+/* Switch the profile on (counters zeroed) or off (counters kept). */
+void i8a_profile(int on);
+
+/* The counters: ns[part] and count[part], each I8A_PROF_PARTS long. */
+void i8a_profile_read(uint64_t *ns, uint64_t *count);
 
 /* Read the K and V codes and scales of every kv head and position (what a decode of the whole
  * cache reads, but for the recent window's floats in place of its codes), split over `threads`

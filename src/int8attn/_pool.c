@@ -9,10 +9,13 @@
 #if defined(__linux__) && !defined(_GNU_SOURCE)
 #define _GNU_SOURCE
 #endif
+#include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -186,7 +189,20 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* After fork() only the forking thread exists in the child: forget the workers. */
+/* The process's OpenMP runtime, when it has one loaded as a job first needs threads (libgomp,
+ * as torch loads it, or a runtime with its entry points: libiomp5, LLVM's libomp) and
+ * INT8ATTN_POOL is unset or "openmp": GOMP_parallel runs a function on the calling thread's
+ * team. Chosen once per process (pthread_once), before a job first runs on threads. */
+typedef void (*omp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
+typedef int (*omp_thread_num_fn)(void);
+static struct {
+    pthread_once_t once;
+    omp_parallel_fn parallel;           /* NULL: the pool's own threads */
+    omp_thread_num_fn thread_num;
+} host = {.once = PTHREAD_ONCE_INIT};
+
+/* After fork() only the forking thread exists in the child: forget the workers, and leave an
+ * OpenMP team alone (not every runtime survives a fork: the child uses the pool's own). */
 static void after_fork_child(void)
 {
     pthread_mutex_init(&pool.run, NULL);
@@ -194,17 +210,40 @@ static void after_fork_child(void)
     pthread_cond_init(&pool.done_cv, NULL);
     atomic_store(&pool.caller_asleep, 0);
     pool.started = 0;
+    host.parallel = NULL;
+}
+
+static void choose_threads(void)
+{
+    pthread_atfork(NULL, NULL, after_fork_child);
+    const char *want = getenv("INT8ATTN_POOL");
+    if (want && *want && strcmp(want, "openmp") != 0)
+        return;
+    omp_parallel_fn par = (omp_parallel_fn)dlsym(RTLD_DEFAULT, "GOMP_parallel");
+    omp_thread_num_fn num = (omp_thread_num_fn)dlsym(RTLD_DEFAULT, "omp_get_thread_num");
+    if (par && num)
+        host.parallel = par, host.thread_num = num;
+}
+
+int i8a_pool_uses_openmp(void)
+{
+    pthread_once(&host.once, choose_threads);
+    return host.parallel != NULL;
+}
+
+/* One member of the OpenMP team running job `word` (GOMP_parallel's function). */
+static void team_member(void *word)
+{
+    const uint64_t w = *(const uint64_t *)word;
+    const int me = host.thread_num();
+    if (me >= 0 && (size_t)me < word_threads(w))
+        participate((size_t)me, w);
 }
 
 /* Workers 1 .. want-1 exist afterwards, as far as threads can be created; returns how many
  * threads a job can use (workers + the caller). Called with pool.run held. */
 static size_t start_workers(size_t want)
 {
-    static int registered = 0;
-    if (!registered) {
-        pthread_atfork(NULL, NULL, after_fork_child);
-        registered = 1;
-    }
     while (pool.started + 1 < want) {
         const size_t w = pool.started + 1;
         worker_slot *s = &pool.workers[w];
@@ -250,7 +289,7 @@ size_t i8a_pool_run(size_t n_items, size_t n_threads, i8a_task_fn fn, void *ctx)
     size_t n = n_threads < n_items ? n_threads : n_items;
     n = n < I8A_MAX_THREADS ? n : I8A_MAX_THREADS;
     if (n > 1 && pthread_mutex_trylock(&pool.run) == 0) {
-        const size_t have = start_workers(n);
+        const size_t have = i8a_pool_uses_openmp() ? n : start_workers(n);
         n = n < have ? n : have;
         if (n > 1) {
             const size_t block = (n_items + I8A_MAX_UNITS - 1) / I8A_MAX_UNITS;
@@ -262,10 +301,15 @@ size_t i8a_pool_run(size_t n_items, size_t n_threads, i8a_task_fn fn, void *ctx)
                 atomic_store_explicit(&pool.claims[r].next,
                                       (uint64_t)seq << 32 | range_start(units, r, n),
                                       memory_order_release);
-            const uint64_t word = job_word(seq, n, units);
+            uint64_t word = job_word(seq, n, units);
             atomic_store(&pool.job, word);
-            wake_children(0, word);
-            participate(0, word);
+            if (host.parallel) {            /* the team's threads; what a smaller team left */
+                host.parallel(team_member, &word, (unsigned)n, 0);
+                participate(0, word);
+            } else {
+                wake_children(0, word);
+                participate(0, word);
+            }
             wait_done(units);
             pthread_mutex_unlock(&pool.run);
             return n;
@@ -289,6 +333,11 @@ size_t i8a_cpus_available(void)
 }
 
 #else /* no pthreads: the calling thread does everything */
+
+int i8a_pool_uses_openmp(void)
+{
+    return 0;
+}
 
 size_t i8a_pool_run(size_t n_items, size_t n_threads, i8a_task_fn fn, void *ctx)
 {

@@ -10,7 +10,13 @@
  *
  * Waiting: a worker that took part in a job spins a bounded time for the next one, yielding
  * its CPU on every round, then sleeps; workers that a job does not include sleep at once and
- * are not woken by it. */
+ * are not woken by it.
+ *
+ * The threads: in a process that has an OpenMP runtime loaded when a job first needs threads
+ * (torch loads one: vLLM, transformers), a job runs on the calling thread's OpenMP team instead
+ * of the pool's own workers, the same claims on other threads, so that the model's operators
+ * and attention take turns on one set of threads: two sets, each spinning after its work, took
+ * the same CPUs from each other. INT8ATTN_POOL=own keeps the pool's own workers. */
 #ifndef I8A_POOL_H
 #define I8A_POOL_H
 
@@ -27,6 +33,10 @@ typedef void (*i8a_task_fn)(void *ctx, size_t begin, size_t end, size_t next, si
  * be started, or when the pool is busy with another caller's job. Returns the thread count the
  * job was split for. */
 size_t i8a_pool_run(size_t n_items, size_t n_threads, i8a_task_fn fn, void *ctx);
+
+/* Whether jobs run on the process's OpenMP team (chosen once, at the first call of this or of a
+ * job on threads). */
+int i8a_pool_uses_openmp(void);
 
 /* CPUs this process may run on (its affinity mask), at least 1. */
 size_t i8a_cpus_available(void);

@@ -80,10 +80,10 @@ static float dot_scaled(const float *x, const float *y, size_t d, float scale)
 }
 
 /* The q planes, the biases, position 0's logits and the float q of kv head g's query rows
- * (its heads at every query position), from the job's q as given. Every row has passed
+ * [r0, r1) (whole query positions), from the job's q as given. Every row has passed
  * i8a_check_query (finite, within +-I8A_VALUE_MAX; the rotation keeps it finite), so no step
  * can fail here. */
-static void prepare_rows(const decode_job *job, size_t g)
+static void prepare_rows(const decode_job *job, size_t g, size_t r0, size_t r1)
 {
     const i8a_kernels *kt = job->kt;
     const i8a_cache *c = job->c;
@@ -97,7 +97,7 @@ static void prepare_rows(const decode_job *job, size_t g)
     float *q_float = (float *)(job->base + L->q_float);
     const int shared = c->k_first || c->recent || has_offsets(c);  /* more than the codes */
     /* q rows in the order of the kernels: kv head, then query position, then head of the group */
-    for (size_t tt = 0; tt < job->t; tt++) {
+    for (size_t tt = r0 / nq; tt < r1 / nq; tt++) {
         const visible_ranges vis = i8a_visible(c, job->t, tt, opt);
         const int coded = sees_codes(&vis);
         for (size_t j = 0; j < nq; j++) {
@@ -135,11 +135,27 @@ static void prepare_rows(const decode_job *job, size_t g)
     }
 }
 
-/* Kv head g's rows prepared (prepare_rows) before anything reads them: the first thread to
- * reach one of g's items prepares them, and one that comes meanwhile waits for it, yielding
- * (it takes about a microsecond a head of D = 128). The q preparation is so spread over the
- * threads that run the kv heads' items; on the calling thread alone it was 6-8 us of a decode
- * of 32 heads. Flag per kv head: 0 not started, 1 being prepared, 2 done. */
+/* Kv head g's own part of the preparation: position 0's V row in the stored space (v_pos0),
+ * which every row that sees position 0 starts from; in the chunk form also every query row
+ * (prepare_rows; the row form's items prepare their own rows). */
+static void prepare_kv_head(const decode_job *job, size_t g)
+{
+    const i8a_cache *c = job->c;
+    const size_t d = c->head_dim;
+    float *v0 = (float *)(job->base + job->L.v_pos0) + g * d;
+    if (c->k_first && c->v_sign)
+        job->kt->rotate(c->v_first + g * d, d, c->v_sign, 0, v0);
+    else if (c->k_first)
+        memcpy(v0, c->v_first + g * d, d * sizeof(float));
+    if (!job->L.row_block)
+        prepare_rows(job, g, 0, job->L.rows);
+}
+
+/* Kv head g prepared (prepare_kv_head) before anything reads it: the first thread to reach one
+ * of g's items prepares it, and one that comes meanwhile waits for it, yielding (it takes about
+ * a microsecond a query row of D = 128). The q preparation is so spread over the threads that
+ * run the kv heads' items; on the calling thread alone it was 6-8 us of a decode of 32 heads.
+ * Flag per kv head: 0 not started, 1 being prepared, 2 done. */
 static void ensure_prepared(const decode_job *job, size_t g)
 {
     atomic_int *flag = (atomic_int *)(job->base + job->L.prep) + g;
@@ -148,7 +164,9 @@ static void ensure_prepared(const decode_job *job, size_t g)
     int idle = 0;
     if (atomic_compare_exchange_strong_explicit(flag, &idle, 1, memory_order_acq_rel,
                                                 memory_order_acquire)) {
-        prepare_rows(job, g);
+        const uint64_t t0 = i8a_prof_start();
+        prepare_kv_head(job, g);
+        i8a_prof_add(I8A_PROF_PREPARE, t0, 1);
         atomic_store_explicit(flag, 2, memory_order_release);
         return;
     }
@@ -156,84 +174,175 @@ static void ensure_prepared(const decode_job *job, size_t g)
         sched_yield();
 }
 
-/* Items [begin, end) of a decode: first every (kv head, visible chunk), kv head by kv head, then
- * every kv head's recent window. The windows come last so that each chunk prefetches the next
- * one (across kv heads too) as in a cache without a window; a window between two chunks broke
- * that chain, and the chunk after it started cold (3-4% at 2048 tokens, one thread). The
- * last chunk prefetches the first window. */
+/* All of kv head g's items are done (the chunk form): its merges and output. */
+static void finish_head(const decode_job *job, size_t g)
+{
+    const uint64_t t0 = i8a_prof_start();
+    i8a_finish_head(job, g);
+    i8a_prof_add(I8A_PROF_FINISH, t0, 1);
+}
+
+/* The first span an item reads (its chunk, or the first of its visible chunks; a window item's
+ * halves), or none: the prefetch hint of the item before it on the same thread. */
+static i8a_span item_span(const decode_job *job, size_t item)
+{
+    const i8a_cache *c = job->c;
+    const size_t nvis = job->L.nvis;
+    i8a_span none = {0};
+    if (item >= job->L.items)
+        return none;
+    if (job->L.row_block) {
+        const size_t g = item / job->L.per_head;
+        return nvis ? i8a_chunk_span(c, g, i8a_visible_chunk(&job->L.runs, 0))
+               : c->recent ? i8a_window_span(c, g) : none;
+    }
+    const size_t chunks = c->n_kv_heads * nvis;
+    return item < chunks ? i8a_chunk_span(c, item / nvis,
+                                          i8a_visible_chunk(&job->L.runs, item % nvis))
+                         : i8a_window_span(c, item - chunks);
+}
+
+/* The states of kv head g's query rows [r0, r1) (whole query positions) over visible chunk vi,
+ * into `slots` (part 0 the sinks', part parts - 1 the window's; m = -inf where a row sees none
+ * of a part): the chunk at once for every row when each of their queries sees it whole, else
+ * each query over its visible part. scratch: the worker's attend scratch for r1 - r0 rows, gather
+ * its paged scales; next: what this thread reads after it (the prefetch hints). */
+static void attend_chunk(const decode_job *job, size_t g, size_t vi, size_t r0, size_t r1,
+                         const state_slots *slots, float *scratch, float *gather,
+                         const i8a_span *next)
+{
+    const i8a_cache *c = job->c;
+    const size_t nq = job->nq, parts = job->L.parts;
+    const size_t chunk = i8a_visible_chunk(&job->L.runs, vi);
+    const i8a_span whole_span = i8a_chunk_span(c, g, chunk);
+    const size_t c0 = i8a_chunk_start(c, chunk), c1 = c0 + whole_span.n;
+    for (size_t part = 0; part < parts; part++) {
+        const i8a_state st = slot_state(slots, part, r0);
+        for (size_t r = 0; r < r1 - r0; r++)
+            st.m[r] = -INFINITY;                            /* empty until attended */
+    }
+    int whole = 1;
+    for (size_t tt = r0 / nq; tt < r1 / nq && whole; tt++) {
+        const visible_ranges v = i8a_visible(c, job->t, tt, job->opt);
+        whole = v.win_begin <= c0 && c1 <= v.win_end;
+    }
+    if (has_four(c))
+        i8a_prefetch_four(c, next);
+    i8a_prefetch_scales(c, next);
+    const i8a_attend_fn attend = job->kt->attend[k_format(c)][v_format(c)];
+    if (whole) {                                            /* one pass serves all rows */
+        i8a_span span = whole_span;
+        i8a_gather_scales(c, &span, gather);
+        i8a_hint_next(&span, next);
+        const i8a_query q = query_at(job, g, r0, r1 - r0);
+        const i8a_state st = slot_state(slots, parts - 1, r0);
+        I8A_EXPECT(span.n >= 1 && span.n <= I8A_CHUNK && q.nq >= 1);
+        attend(&q, &span, scratch, &st);
+        return;
+    }
+    for (size_t tt = r0 / nq; tt < r1 / nq; tt++) {
+        const visible_ranges v = i8a_visible(c, job->t, tt, job->opt);
+        const size_t range[2][2] = {{v.sink_begin, v.sink_end}, {v.win_begin, v.win_end}};
+        for (size_t k = 0; k < 2; k++) {
+            const size_t a = range[k][0] > c0 ? range[k][0] : c0;
+            const size_t b = range[k][1] < c1 ? range[k][1] : c1;
+            if (a >= b)
+                continue;
+            i8a_span span = i8a_span_rows(c, g, a, b);
+            i8a_gather_scales(c, &span, gather);
+            i8a_hint_next(&span, next);
+            const i8a_query q = query_at(job, g, tt * nq, nq);
+            const i8a_state st = slot_state(slots, parts == 2 ? k : 0, tt * nq);
+            I8A_EXPECT(span.n >= 1 && span.n <= I8A_CHUNK);
+            attend(&q, &span, scratch, &st);
+        }
+    }
+}
+
+/* An item of the chunk form: chunk vi of kv head g for all its rows, or (vi == nvis) its
+ * window; the kv head's last item to finish folds them. */
+static void chunk_item(const decode_job *job, size_t g, size_t vi, size_t worker,
+                       const i8a_span *next)
+{
+    char *scratch = job->base + job->L.workers + worker * job->L.worker_bytes;
+    atomic_size_t *left = (atomic_size_t *)(job->base + job->L.left);
+    ensure_prepared(job, g);
+    const uint64_t t0 = i8a_prof_start();
+    if (vi == job->L.nvis) {
+        const state_slots win = window_slots(job, g);
+        i8a_window_rows(job, g, 0, job->L.rows, scratch, &win);
+        i8a_prof_add(I8A_PROF_WINDOW, t0, 1);
+    } else {
+        const state_slots slots = chunk_slots(job, g, vi);
+        attend_chunk(job, g, vi, 0, job->L.rows, &slots, (float *)scratch,
+                     (float *)(scratch + job->L.gather), next);
+        i8a_prof_add(I8A_PROF_CODED, t0, 1);
+    }
+    if (atomic_fetch_sub_explicit(left + g, 1, memory_order_acq_rel) == 1)
+        finish_head(job, g);
+}
+
+/* An item of the row form: kv head g's rows [r0, r1) prepared, started, folded over each
+ * visible chunk in position order and then over the recent window, and finished, in the
+ * worker's own states. */
+static void row_item(const decode_job *job, size_t g, size_t r0, size_t r1, size_t worker,
+                     const i8a_span *after)
+{
+    const i8a_cache *c = job->c;
+    const size_t nvis = job->L.nvis;
+    char *scratch = job->base + job->L.workers + worker * job->L.worker_bytes;
+    const state_slots block = {scratch + job->L.block_states, job->L.state_bytes, r1 - r0, r0,
+                               c->head_dim};
+    ensure_prepared(job, g);
+    uint64_t t0 = i8a_prof_start();
+    prepare_rows(job, g, r0, r1);
+    i8a_rows_begin(job, g, r0, r1);
+    i8a_prof_add(I8A_PROF_PREPARE, t0, 1);
+    for (size_t vi = 0; vi < nvis; vi++) {
+        const i8a_span next = vi + 1 < nvis
+            ? i8a_chunk_span(c, g, i8a_visible_chunk(&job->L.runs, vi + 1))
+            : c->recent ? i8a_window_span(c, g) : *after;
+        t0 = i8a_prof_start();
+        attend_chunk(job, g, vi, r0, r1, &block, (float *)scratch,
+                     (float *)(scratch + job->L.gather), &next);
+        i8a_prof_add(I8A_PROF_CODED, t0, 1);
+        t0 = i8a_prof_start();
+        i8a_rows_fold(job, g, r0, r1, &block, job->L.parts);
+        i8a_prof_add(I8A_PROF_FINISH, t0, 1);
+    }
+    t0 = i8a_prof_start();
+    if (c->recent) {
+        i8a_window_rows(job, g, r0, r1, scratch, &block);
+        i8a_rows_fold(job, g, r0, r1, &block, 1);
+    }
+    i8a_prof_add(I8A_PROF_WINDOW, t0, 1);
+    t0 = i8a_prof_start();
+    i8a_rows_end(job, g, r0, r1);
+    i8a_prof_add(I8A_PROF_FINISH, t0, 1);
+}
+
+/* Items [begin, end) of a decode. The chunk form: first every (kv head, visible chunk), kv head
+ * by kv head, then every kv head's recent window. The windows come last so that each chunk
+ * prefetches the next one (across kv heads too) as in a cache without a window; a window
+ * between two chunks broke that chain, and the chunk after it started cold (3-4% at 2048
+ * tokens, one thread). The last chunk prefetches the first window. The row form: the blocks of
+ * rows, kv head by kv head. */
 static void decode_range(void *ctx, size_t begin, size_t end, size_t after, size_t worker)
 {
     const decode_job *job = (const decode_job *)ctx;
-    const i8a_cache *c = job->c;
-    const size_t nq = job->nq, rows = job->L.rows, nvis = job->L.nvis;
-    const size_t chunks = c->n_kv_heads * nvis, items = c->n_kv_heads * job->L.per_head;
-    float *scratch = (float *)(job->base + job->L.workers + worker * job->L.worker_bytes);
-    float *gather = (float *)((char *)scratch + job->L.gather);     /* a paged view's scales */
-    atomic_size_t *left = (atomic_size_t *)(job->base + job->L.left);
+    const size_t hkv = job->c->n_kv_heads, nvis = job->L.nvis, chunks = hkv * nvis;
     for (size_t item = begin; item < end; item++) {
-        if (item >= chunks) {                               /* a kv head's recent window */
-            const size_t g = item - chunks;
-            ensure_prepared(job, g);
-            i8a_window_item(job, g, (char *)scratch);
-            if (atomic_fetch_sub_explicit(left + g, 1, memory_order_acq_rel) == 1)
-                i8a_finish_head(job, g);
-            continue;
-        }
-        const size_t g = item / nvis, vi = item % nvis;
-        ensure_prepared(job, g);
-        const size_t chunk = i8a_visible_chunk(&job->L.runs, vi);
-        const i8a_span whole_span = i8a_chunk_span(c, g, chunk);
-        const size_t c0 = i8a_chunk_start(c, chunk), c1 = c0 + whole_span.n;
-        for (size_t part = 0; part < job->L.parts; part++) {
-            const i8a_state st = state_at(job, g, vi, part, 0);
-            for (size_t r = 0; r < rows; r++)
-                st.m[r] = -INFINITY;                        /* empty until attended */
-        }
-        /* the whole chunk for every query: one pass serves all rows */
-        int whole = 1;
-        for (size_t tt = 0; tt < job->t && whole; tt++) {
-            const visible_ranges v = i8a_visible(c, job->t, tt, job->opt);
-            whole = v.win_begin <= c0 && c1 <= v.win_end;
-        }
-        const size_t then = item + 1 < end ? item + 1 : after;   /* this thread's next item */
-        i8a_span next = {0};
-        if (then < chunks)
-            next = i8a_chunk_span(c, then / nvis, i8a_visible_chunk(&job->L.runs, then % nvis));
-        else if (then < items)
-            next = i8a_window_span(c, then - chunks);
-        if (has_four(c))
-            i8a_prefetch_four(c, &next);
-        i8a_prefetch_scales(c, &next);
-        const i8a_attend_fn attend = job->kt->attend[k_format(c)][v_format(c)];
-        if (whole) {
-            i8a_span span = whole_span;
-            i8a_gather_scales(c, &span, gather);
-            i8a_hint_next(&span, &next);
-            const i8a_query q = query_at(job, g, 0, rows);
-            const i8a_state st = state_at(job, g, vi, job->L.parts - 1, 0);
-            I8A_EXPECT(span.n >= 1 && span.n <= I8A_CHUNK && q.nq >= 1);
-            attend(&q, &span, scratch, &st);
+        const i8a_span next = item_span(job, item + 1 < end ? item + 1 : after);
+        if (job->L.row_block) {
+            const size_t g = item / job->L.per_head, r0 = item % job->L.per_head * job->L.row_block;
+            const size_t r1 = r0 + job->L.row_block < job->L.rows ? r0 + job->L.row_block
+                                                                  : job->L.rows;
+            row_item(job, g, r0, r1, worker, &next);
+        } else if (item < chunks) {
+            chunk_item(job, item / nvis, item % nvis, worker, &next);
         } else {
-            for (size_t tt = 0; tt < job->t; tt++) {
-                const visible_ranges v = i8a_visible(c, job->t, tt, job->opt);
-                const size_t range[2][2] = {{v.sink_begin, v.sink_end}, {v.win_begin, v.win_end}};
-                for (size_t k = 0; k < 2; k++) {
-                    const size_t a = range[k][0] > c0 ? range[k][0] : c0;
-                    const size_t b = range[k][1] < c1 ? range[k][1] : c1;
-                    if (a >= b)
-                        continue;
-                    i8a_span span = i8a_span_rows(c, g, a, b);
-                    i8a_gather_scales(c, &span, gather);
-                    i8a_hint_next(&span, &next);
-                    const i8a_query q = query_at(job, g, tt * nq, nq);
-                    const i8a_state st = state_at(job, g, vi, job->L.parts == 2 ? k : 0, tt * nq);
-                    I8A_EXPECT(span.n >= 1 && span.n <= I8A_CHUNK);
-                    attend(&q, &span, scratch, &st);
-                }
-            }
+            chunk_item(job, item - chunks, nvis, worker, &next);
         }
-        if (atomic_fetch_sub_explicit(left + g, 1, memory_order_acq_rel) == 1)
-            i8a_finish_head(job, g);
     }
 }
 
@@ -320,6 +429,7 @@ int i8a_decode_views(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, cons
     I8A_EXPECT(opt->window ? opt->sinks <= opt->window : opt->sinks == 0);
     I8A_EXPECT(opt->softcap == 0.0f || (opt->softcap >= 0x1p-126f && opt->softcap <= 0x1p126f));
     I8A_EXPECT(max_threads >= 1);
+    const uint64_t t_setup = i8a_prof_start();
     decode_job stack_jobs[I8A_BATCH_STACK];
     size_t stack_first[I8A_BATCH_STACK + 1];
     decode_job *jobs = stack_jobs;
@@ -372,11 +482,14 @@ int i8a_decode_views(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, cons
             if (jobs[b].L.per_head == 0)
                 for (size_t g = 0; g < cs[b]->n_kv_heads; g++) {
                     ensure_prepared(&jobs[b], g);
-                    i8a_finish_head(&jobs[b], g);
+                    finish_head(&jobs[b], g);
                 }
+        i8a_prof_add(I8A_PROF_SETUP, t_setup, 1);
         const batch_job batch = {jobs, first};
+        const uint64_t t_pool = i8a_prof_start();
         if (first[n])
-            i8a_pool_run(first[n], threads, batch_range, (void *)&batch);
+            i8a_prof_add(I8A_PROF_POOL, t_pool,
+                         i8a_pool_run(first[n], threads, batch_range, (void *)&batch));
     }
     if (n > I8A_BATCH_STACK) {
         free(jobs);

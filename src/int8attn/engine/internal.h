@@ -394,22 +394,36 @@ typedef struct {
     float *out;
 } decode_job;
 
-/* The state of rows [r, r + count) of kv head g, visible chunk vi, part. */
-static inline i8a_state state_at(const decode_job *job, size_t g, size_t vi, size_t part, size_t r)
+/* The states of a run of a kv head's query rows, one slot per part: part p's slot starts at
+ * at + p * bytes and holds rows [first, first + rows): o [rows][d], then m [rows], l [rows]. */
+typedef struct {
+    char *at;
+    size_t bytes, rows, first, d;
+} state_slots;
+
+/* The state of rows [r, ..) of part `part` (r within the slots' rows). */
+static inline i8a_state slot_state(const state_slots *s, size_t part, size_t r)
 {
-    const size_t slot = (g * job->L.nvis + vi) * job->L.parts + part, rows = job->L.rows;
-    const size_t d = job->c->head_dim;
-    float *p = (float *)(job->base + job->L.states + slot * job->L.state_bytes);
-    i8a_state s = {p + rows * d + r, p + rows * d + rows + r, p + r * d};
+    float *p = (float *)(s->at + part * s->bytes);
+    const size_t k = r - s->first, n = s->rows;
+    i8a_state st = {p + n * s->d + k, p + n * s->d + n + k, p + k * s->d};
+    return st;
+}
+
+/* The chunk form's states of kv head g's rows over visible chunk vi (a slot per part). */
+static inline state_slots chunk_slots(const decode_job *job, size_t g, size_t vi)
+{
+    const size_t slot = (g * job->L.nvis + vi) * job->L.parts;
+    const state_slots s = {job->base + job->L.states + slot * job->L.state_bytes,
+                           job->L.state_bytes, job->L.rows, 0, job->c->head_dim};
     return s;
 }
 
-/* The recent window's state of rows [r, ..) of kv head g. */
-static inline i8a_state window_at(const decode_job *job, size_t g, size_t r)
+/* The chunk form's states of kv head g's rows over the recent window (one slot). */
+static inline state_slots window_slots(const decode_job *job, size_t g)
 {
-    const size_t rows = job->L.rows, d = job->c->head_dim;
-    float *p = (float *)(job->base + job->L.windows + g * job->L.state_bytes);
-    i8a_state s = {p + rows * d + r, p + rows * d + rows + r, p + r * d};
+    const state_slots s = {job->base + job->L.windows + g * job->L.state_bytes,
+                           job->L.state_bytes, job->L.rows, 0, job->c->head_dim};
     return s;
 }
 
@@ -456,20 +470,37 @@ float i8a_q_limit(float scale);
  * limit only. */
 int i8a_check_query(const float *q, size_t d, float limit);
 
-/* The window item of kv head g: every query row's state over the recent window it sees (m =
- * -inf: none). scratch: the worker's, at least i8a_window_scratch_bytes(c->recent) bytes,
- * 64-byte aligned. */
-void i8a_window_item(const decode_job *job, size_t g, char *scratch);
+/* The profile (profile.c, _engine.h's I8A_PROF_*): i8a_prof_start() is a time stamp when the
+ * profile is on, else 0; i8a_prof_add(part, t0, n) adds the time since t0 (when t0 is not 0)
+ * and n to part's count. */
+uint64_t i8a_prof_start(void);
+void i8a_prof_add(int part, uint64_t t0, uint64_t n);
+
+/* The states of kv head g's query rows [r0, r1) (whole query positions) over the recent window
+ * each sees, into slot 0 of dest (m = -inf: none). scratch: the worker's, at least
+ * i8a_window_scratch_bytes(c->recent) bytes, 64-byte aligned. */
+void i8a_window_rows(const decode_job *job, size_t g, size_t r0, size_t r1, char *scratch,
+                     const state_slots *dest);
 
 /* The scratch a window item takes for a window of `recent` rows (the plan puts it in every
  * worker's part of the workspace, not on the stack of a thread that may have little). */
 size_t i8a_window_scratch_bytes(size_t recent);
 
-/* All items of kv head g are done: per query row, fold the states it has in position order
- * (position 0 from its float row, chunks, and within a chunk the sinks before the window, then
- * the recent window), normalize into out, add the V offset when the row saw coded positions (so
- * a row that sees only position 0 and the window gets the same bits whatever the cache's
- * length). */
+/* A query row's states fold in position order into its running state (run_m, run_l and its
+ * row of out): position 0 from its float row, the chunks (within a chunk the sinks before the
+ * window), then the recent window; then it is normalized, the V offset added back when the row
+ * saw coded positions (so a row that sees only position 0 and the window gets the same bits
+ * whatever the cache's length) and rotated back. For kv head g's rows [r0, r1): rows_begin
+ * starts them (position 0's state, or none: m = -inf), rows_fold folds `parts` slots of states
+ * into them (a slot's m = -inf: nothing seen there), rows_end finishes them. The kv head's
+ * v_pos0 is prepared before (decode.c). */
+void i8a_rows_begin(const decode_job *job, size_t g, size_t r0, size_t r1);
+void i8a_rows_fold(const decode_job *job, size_t g, size_t r0, size_t r1,
+                   const state_slots *states, size_t parts);
+void i8a_rows_end(const decode_job *job, size_t g, size_t r0, size_t r1);
+
+/* The chunk form's last item of kv head g is done: its rows' states fold in position order
+ * (i8a_rows_begin, i8a_rows_fold of every chunk and of the window, i8a_rows_end). */
 void i8a_finish_head(const decode_job *job, size_t g);
 
 #endif

@@ -86,71 +86,92 @@ static int row_offset(const i8a_cache *c, const visible_ranges *vis)
     return has_offsets(c) && sees_codes(vis);
 }
 
-void i8a_window_item(const decode_job *job, size_t g, char *scratch)
+void i8a_window_rows(const decode_job *job, size_t g, size_t r0, size_t r1, char *scratch,
+                     const state_slots *dest)
 {
     const size_t nq = job->nq;
-    for (size_t r = 0; r < job->L.rows; r += nq) {     /* a query position's heads at once */
+    for (size_t r = r0; r < r1; r += nq) {              /* a query position's heads at once */
         const visible_ranges vis = i8a_visible(job->c, job->t, r / nq, job->opt);
-        const i8a_state st = window_at(job, g, r);
+        const i8a_state st = slot_state(dest, 0, r);
         if (!window_state(job, g, r, nq, &vis, row_offset(job->c, &vis), &st, scratch))
             for (size_t j = 0; j < nq; j++)
                 st.m[j] = -INFINITY;
     }
 }
 
-/* Fold the state st of one query row into its running state run: the first state it has
- * (*started == 0) is copied, later ones merged; m = -inf: the row saw nothing there. */
-static void fold_state(const decode_job *job, const i8a_state *run, const i8a_state *st,
-                       int *started)
+/* Row r of kv head g's running state: run_m, run_l and its row of out. */
+static i8a_state running(const decode_job *job, size_t g, size_t r)
 {
-    if (st->m[0] == -INFINITY)
-        return;
-    if (*started) {
-        job->kt->merge(run, st, job->c->head_dim);
-        return;
-    }
-    run->m[0] = st->m[0], run->l[0] = st->l[0];
-    memcpy(run->o, st->o, job->c->head_dim * sizeof(float));
-    *started = 1;
+    const size_t tt = r / job->nq, j = r % job->nq, at = g * job->L.rows + r;
+    const i8a_state run = {(float *)(job->base + job->L.run_m) + at,
+                           (float *)(job->base + job->L.run_l) + at,
+                           job->out + (tt * job->h + g * job->nq + j) * job->c->head_dim};
+    return run;
 }
 
-void i8a_finish_head(const decode_job *job, size_t g)
+void i8a_rows_begin(const decode_job *job, size_t g, size_t r0, size_t r1)
 {
     const i8a_cache *c = job->c;
-    const size_t d = c->head_dim, nq = job->nq, rows = job->L.rows;
-    float *rm = (float *)(job->base + job->L.run_m) + g * rows;
-    float *rl = (float *)(job->base + job->L.run_l) + g * rows;
-    float *v0 = (float *)(job->base + job->L.v_pos0) + g * d;
-    if (c->k_first && c->v_sign)
-        job->kt->rotate(c->v_first + g * d, d, c->v_sign, 0, v0);  /* once for the head's rows */
-    else if (c->k_first)
-        memcpy(v0, c->v_first + g * d, d * sizeof(float));
-    for (size_t r = 0; r < rows; r++) {
-        const size_t tt = r / nq, j = r % nq;
-        float *o = job->out + (tt * job->h + g * nq + j) * d;
-        const i8a_state run = {rm + r, rl + r, o};
-        const visible_ranges vis = i8a_visible(c, job->t, tt, job->opt);
-        const int off = row_offset(c, &vis);
-        int started = vis.pos0;
-        if (started)
-            pos0_state(job, g, r, v0, off, &run);
-        for (size_t vi = 0; vi < job->L.nvis; vi++) {
-            for (size_t part = 0; part < job->L.parts; part++) {
-                const i8a_state st = state_at(job, g, vi, part, r);
-                fold_state(job, &run, &st, &started);
+    const float *v0 = (const float *)(job->base + job->L.v_pos0) + g * c->head_dim;
+    for (size_t r = r0; r < r1; r++) {
+        const i8a_state run = running(job, g, r);
+        const visible_ranges vis = i8a_visible(c, job->t, r / job->nq, job->opt);
+        if (vis.pos0)
+            pos0_state(job, g, r, v0, row_offset(c, &vis), &run);
+        else
+            run.m[0] = -INFINITY;                       /* nothing yet */
+    }
+}
+
+void i8a_rows_fold(const decode_job *job, size_t g, size_t r0, size_t r1,
+                   const state_slots *states, size_t parts)
+{
+    for (size_t r = r0; r < r1; r++) {
+        const i8a_state run = running(job, g, r);
+        for (size_t part = 0; part < parts; part++) {
+            const i8a_state st = slot_state(states, part, r);
+            if (st.m[0] == -INFINITY)                   /* the row saw nothing there */
+                continue;
+            if (run.m[0] != -INFINITY) {
+                job->kt->merge(&run, &st, job->c->head_dim);
+            } else {                                    /* its first state */
+                run.m[0] = st.m[0], run.l[0] = st.l[0];
+                memcpy(run.o, st.o, job->c->head_dim * sizeof(float));
             }
         }
-        if (c->recent) {
-            const i8a_state win = window_at(job, g, r);
-            fold_state(job, &run, &win, &started);
-        }
-        const float inv = 1.0f / rl[r];
+    }
+}
+
+void i8a_rows_end(const decode_job *job, size_t g, size_t r0, size_t r1)
+{
+    const i8a_cache *c = job->c;
+    const size_t d = c->head_dim;
+    for (size_t r = r0; r < r1; r++) {
+        const i8a_state run = running(job, g, r);
+        const visible_ranges vis = i8a_visible(c, job->t, r / job->nq, job->opt);
+        float *o = run.o;
+        const float inv = 1.0f / run.l[0];
         for (size_t i = 0; i < d; i++)
             o[i] = o[i] * inv;
-        if (off)
+        if (row_offset(c, &vis))
             for (size_t i = 0; i < d; i++)
                 o[i] = o[i] + c->v_offset[g * d + i];
         if (c->v_sign)
             job->kt->rotate(o, d, c->v_sign, 1, o);         /* back from the rotated space */
     }
+}
+
+void i8a_finish_head(const decode_job *job, size_t g)
+{
+    const size_t rows = job->L.rows;
+    i8a_rows_begin(job, g, 0, rows);
+    for (size_t vi = 0; vi < job->L.nvis; vi++) {
+        const state_slots chunk = chunk_slots(job, g, vi);
+        i8a_rows_fold(job, g, 0, rows, &chunk, job->L.parts);
+    }
+    if (job->c->recent) {
+        const state_slots win = window_slots(job, g);
+        i8a_rows_fold(job, g, 0, rows, &win, 1);
+    }
+    i8a_rows_end(job, g, 0, rows);
 }

@@ -125,6 +125,7 @@ static i8a_cache view_of(const i8a_paged *p, const int32_t *blocks, size_t lengt
 int i8a_paged_write(const i8a_kernels *kt, i8a_paged *p, const int64_t *slots, size_t n,
                     const float *k, const float *v, size_t *bad)
 {
+    const uint64_t t0 = i8a_prof_start();
     const size_t hkv = p->n_kv_heads, d = p->head_dim, row = hkv * d;
     /* every row that is written is checked before the first is (a skipped one may hold
      * anything: vLLM's padding) */
@@ -165,6 +166,7 @@ int i8a_paged_write(const i8a_kernels *kt, i8a_paged *p, const int64_t *slots, s
         }
     }
     p->clock++;
+    i8a_prof_add(I8A_PROF_WRITE, t0, 1);
     return 0;
 }
 
@@ -260,6 +262,7 @@ int i8a_paged_attend(const i8a_kernels *kt, i8a_paged *p, const i8a_paged_seq *s
                      float *out, size_t *bad)
 {
     I8A_EXPECT(n >= 1);
+    const uint64_t t0 = i8a_prof_start();
     size_t nv = 0;              /* the views: a sequence's queries cut at segment_end */
     for (size_t b = 0; b < n; b++) {
         I8A_EXPECT(seqs[b].t >= 1 && seqs[b].t <= seqs[b].length);
@@ -307,6 +310,7 @@ int i8a_paged_attend(const i8a_kernels *kt, i8a_paged *p, const i8a_paged_seq *s
         free(ptrs);
         free(ts);
     }
+    i8a_prof_add(I8A_PROF_ATTEND, t0, 1);
     return rc;
 }
 

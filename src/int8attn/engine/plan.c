@@ -83,6 +83,17 @@ size_t i8a_threads_for(size_t work, size_t items, size_t max_threads)
     return n < items ? n : (items ? items : 1);
 }
 
+/* Query rows per kv head from which a decode takes the row form (i8a_plan: items of whole
+ * blocks of rows, each attending its chunks in order), and the rows of such a block. Below,
+ * the chunk form splits a long history of few rows over the threads, a chunk an item, and keeps
+ * each chunk's state of every row until the kv head's last item folds them: for a prefill's
+ * rows (a view of 128 queries over thousands of positions) those states were the workspace's
+ * bulk (rows x chunks x head_dim floats: 1 GiB for 4096 queries of 32/8 x 128 over 4096
+ * positions) and the fold a second pass over them. A block of 128 rows shares each transposed K
+ * tile between them (the tiled K pass) as a chunk item's rows do. */
+#define I8A_ROW_FORM_ROWS 64
+#define I8A_ROW_BLOCK 128
+
 i8a_plan i8a_plan_with_threads(i8a_plan L, size_t threads)
 {
     L.threads = threads;
@@ -94,20 +105,29 @@ i8a_plan i8a_plan_decode(const i8a_cache *c, size_t t, size_t h, const i8a_optio
                          size_t max_threads)
 {
     const size_t d = c->head_dim, f = sizeof(float), hkv = c->n_kv_heads;
+    const size_t nq = h / hkv;
     i8a_plan L;
-    L.rows = t * (h / hkv);
+    L.rows = t * nq;
     L.parts = opt->window && opt->sinks ? 2 : 1;
     L.runs = i8a_visible_chunks(c, t, opt);
     L.nvis = L.runs.count[0] + L.runs.count[1];
-    L.per_head = L.nvis + (c->recent ? 1 : 0);
+    /* the row form: blocks of whole query positions, at least one position's heads */
+    L.row_block = L.rows < I8A_ROW_FORM_ROWS ? 0
+                  : nq >= I8A_ROW_BLOCK ? nq : (I8A_ROW_BLOCK / nq) * nq;
+    L.per_head = L.row_block ? (L.rows + L.row_block - 1) / L.row_block
+                             : L.nvis + (c->recent ? 1 : 0);
     L.items = hkv * L.per_head;
     L.work = i8a_work_of(c, t, h, L.nvis);
-    L.state_bytes = i8a_align64(L.rows * (d + 2) * f);
-    L.gather = i8a_align64(2 * L.rows * I8A_CHUNK * f)
+    const size_t attended = L.row_block ? L.row_block : L.rows;     /* rows of one attend */
+    L.state_bytes = i8a_align64(attended * (d + 2) * f);
+    L.gather = i8a_align64(2 * attended * I8A_CHUNK * f)
                + (has_four(c) ? i8a_align64(I8A_ATTEND4_EXTRA) : 0);
     L.worker_bytes = L.gather + (c->paged ? i8a_align64(2 * I8A_CHUNK * f) : 0);
     const size_t window_bytes = c->recent ? i8a_window_scratch_bytes(c->recent) : 0;
     L.worker_bytes = window_bytes > L.worker_bytes ? window_bytes : L.worker_bytes;
+    L.block_states = L.worker_bytes;            /* the row form's block: after the scratch */
+    if (L.row_block)
+        L.worker_bytes += L.parts * L.state_bytes;
     const size_t qrows = hkv * L.rows;
     L.q_lo = i8a_align64(qrows * d);
     L.c_hi = L.q_lo + i8a_align64(qrows * d);
@@ -121,7 +141,7 @@ i8a_plan i8a_plan_decode(const i8a_cache *c, size_t t, size_t h, const i8a_optio
     L.run_m = L.left + i8a_align64(hkv * sizeof(atomic_size_t));
     L.run_l = L.run_m + i8a_align64(qrows * f);
     L.states = L.run_l + i8a_align64(qrows * f);
-    L.windows = L.states + hkv * L.nvis * L.parts * L.state_bytes;
-    L.workers = L.windows + (c->recent ? hkv * L.state_bytes : 0);
+    L.windows = L.states + (L.row_block ? 0 : hkv * L.nvis * L.parts * L.state_bytes);
+    L.workers = L.windows + (c->recent && !L.row_block ? hkv * L.state_bytes : 0);
     return i8a_plan_with_threads(L, i8a_threads_for(L.work, L.items, max_threads));
 }
