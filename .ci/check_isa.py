@@ -14,8 +14,10 @@ functions by that suffix, so a tier function named otherwise would escape it.
 
 Disassembles FILE.so and fails when a function outside a tier holds an instruction beyond the
 architecture's baseline: on x86-64 any VEX/EVEX instruction (v-prefixed, ymm/zmm/k registers)
-outside *_avx2 / *_avx512_vnni; on aarch64 any sdot/udot outside *_neon_dotprod. It also fails
-when the tier functions hold none of them, so the check cannot pass vacuously.
+outside *_avx2 / *_avx512_vnni / *_amx and any AMX tile instruction outside *_amx; on aarch64
+any sdot/udot outside *_neon_dotprod / *_neon_i8mm (the i8mm tier inlines the dotprod tier's
+4-bit passes) and any smmla/ummla/usmmla outside *_neon_i8mm. It also fails when a tier's functions hold none of them, so the check cannot pass
+vacuously.
 """
 
 import glob
@@ -25,15 +27,19 @@ import subprocess
 import sys
 
 TIERS = {
-    "x86_64": (re.compile(r"_(avx2|avx512_vnni)$"), ("avx2", "avx512_vnni")),
-    "aarch64": (re.compile(r"_neon_dotprod$"), ("neon_dotprod",)),
+    "x86_64": (re.compile(r"_(avx2|avx512_vnni|amx)$"), ("avx2", "avx512_vnni", "amx")),
+    "aarch64": (re.compile(r"_(neon_dotprod|neon_i8mm)$"), ("neon_dotprod", "neon_i8mm")),
 }
+# the matrix instructions, each its tier's alone
+MATRIX = {"aarch64": (re.compile(r"^(smmla|ummla|usmmla)$"), "neon_i8mm"),
+          "x86_64": (re.compile(r"^(ldtilecfg|sttilecfg|tile\w+|tdpb\w+)$"), "amx")}
 
 
 def beyond_baseline(arch, mnemonic, operands):
     if arch == "x86_64":
-        return mnemonic.startswith("v") or re.search(r"%[yz]mm|%k[0-7]", operands) is not None
-    return mnemonic in ("sdot", "udot")
+        return (mnemonic.startswith("v") or MATRIX[arch][0].match(mnemonic) is not None
+                or re.search(r"%[yz]mm|%k[0-7]|%tmm", operands) is not None)
+    return mnemonic in ("sdot", "udot") or MATRIX[arch][0].match(mnemonic) is not None
 
 
 def main(objdump, path, arch):
@@ -51,8 +57,9 @@ def main(objdump, path, arch):
         if not m or func is None or not beyond_baseline(arch, m.group(1), m.group(2)):
             continue
         t = tier_name.search(base)
-        if t:
-            seen[t.group(1) if t.groups() else tiers[0]] += 1
+        matrix, owner = MATRIX[arch]
+        if t and not (matrix.match(m.group(1)) and t.group(1) != owner):
+            seen[t.group(1)] += 1
         else:
             bad.setdefault(func, []).append(f"{m.group(1)} {m.group(2)}".strip())
     print(f"{path}: tier instructions per tier: {seen}")
@@ -69,7 +76,7 @@ def main(objdump, path, arch):
 DEFINITION = re.compile(r"^(?:static|I8A_INLINE)\b[^;{(]*?\b(i8a_\w+|\w+)\s*\(", re.M)
 
 
-ISA_TIERS = ("avx2", "avx512_vnni", "neon", "neon_dotprod")
+ISA_TIERS = ("avx2", "avx512_vnni", "amx", "neon", "neon_dotprod", "neon_i8mm")
 INCLUDE = re.compile(r'^#include "([^"]+)"', re.M)
 
 

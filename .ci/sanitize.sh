@@ -88,7 +88,8 @@ cd "$ROOT"
 phase "C cross-check of tiers under ASan + UBSan (leak checks on: all of it is instrumented)"
 mapfile -t lib < <(grep -v '^#' src/int8attn/csources.txt)        # the one list setup.py builds
 csrc=(tests/c/tiers_agree.c "${lib[@]}")
-cflags=(-O2 -std=c11 -ffp-contract=off -Wall -Wextra -Werror -DI8A_CHECK_PRECONDITIONS -Isrc/int8attn)
+cflags=(-O2 -std=c11 -ffp-contract=off -Wall -Wextra -Werror -DI8A_CHECK_PRECONDITIONS -Isrc/int8attn
+        -DI8A_TILE_MODEL)
 gcc "${cflags[@]}" "${SAN[@]}" "${csrc[@]}" -lm -pthread -o "$tmp/agree"
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "$tmp/agree" || fail "tiers_agree under the sanitizers"
 # each table entry called directly on inputs of the exact size of its preconditions: a read past

@@ -7,15 +7,18 @@ There is no Arm hardware behind the project's CI, so aarch64 speed is estimated:
 decode (the K dots, the V sums, the logits and the softmax) is compiled for aarch64 exactly as a
 wheel compiles it (the tier headers, setup.py's flags), each from a small wrapper that calls the
 tier's own inline function, so the loop in the object file is the shipped loop. Its innermost loop
-(the one with the most dot or multiply-add instructions) goes through llvm-mca for two cores:
+(the one with the most dot or multiply-add instructions) goes through llvm-mca for three cores:
 Neoverse-N1 standing in for the Cortex-A76 of a Raspberry Pi 5 (LLVM models the A76 itself with an
-A57 schedule) and the Cortex-A72 of a Pi 4. The loop's cycles per iteration, from llvm-mca's
+A57 schedule), the Cortex-A72 of a Pi 4, and Neoverse-N2 for the cores with i8mm (Cortex-A710,
+Graviton 3 and 4), where the neon_i8mm tier's SMMLA passes stand beside the neon_dotprod tier's. The loop's cycles per iteration, from llvm-mca's
 steady state (200 iterations, every load an L1 hit), become cycles per K/V row of D = 128 for a
 kv head read by one query head (H = Hkv) or by four (GQA 4):
 
     K dots      4 rows, both q planes, 16 dims per iteration: cycles * 128/16 / 4 per row and head
+                i8mm: 8 rows, both planes, 16 dims, 1 or 4 heads per iteration
     V sums      the P planes (two with V at 8 bits, three at 4); dotprod: 4 tiles (16 tokens), 1 head x 32 dims or 4 heads x
-                4 per iteration; neon: 2 tiles (8 tokens), 1 head x 8 dims or 2 heads x 4
+                4 per iteration; neon: 2 tiles (8 tokens), 1 head x 8 dims or 2 heads x 4;
+                i8mm: 2 tiles (8 tokens), 1 head x 16 dims or 4 heads x 8
     P planes    16 weights per iteration, per query head (V at 8 bits' two planes)
     logits      4 tokens per iteration, per query head
     softmax     16 tokens per iteration, per query head
@@ -40,9 +43,34 @@ D = 128
 # Each wrapper: one pass of one tier, its arguments at run time as in the shipped attend.
 WRAPPERS = r"""
 #include "_simd/dispatch.h"
-#include "_simd/neon_dotprod.h"
+#include "_simd/neon_i8mm.h"
 
 #define DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
+#define I8MM __attribute__((target("arch=armv8.2-a+dotprod+i8mm")))
+
+I8MM void mca_k1_neon_i8mm(const int8_t *const *rows8, const int8_t *qp, size_t d, int32_t *dh,
+                           int32_t *dl)
+{
+    i8a_kmm_block_neon_i8mm(rows8, qp, 1, 1, d, dh, dl);
+}
+
+I8MM void mca_k4_neon_i8mm(const int8_t *const *rows8, const int8_t *qp, size_t d, int32_t *dh,
+                           int32_t *dl)
+{
+    i8a_kmm_block_neon_i8mm(rows8, qp, 4, 1, d, dh, dl);
+}
+
+I8MM void mca_v1_neon_i8mm(const uint8_t *wp, size_t pairs, const i8a_span *kv,
+                           const int8_t *const *tile, const uint8_t *const *planes, float *o)
+{
+    i8a_vmm_block_neon_i8mm(wp, pairs, 1, 4, kv, tile, 128, 0, planes, o, 0, 0);
+}
+
+I8MM void mca_v4_neon_i8mm(const uint8_t *wp, size_t pairs, const i8a_span *kv,
+                           const int8_t *const *tile, const uint8_t *const *planes, float *o)
+{
+    i8a_vmm_block_neon_i8mm(wp, pairs, 4, 2, kv, tile, 128, 0, planes, o, 0, 0);
+}
 
 void mca_k_neon(const i8a_query *q, const i8a_span *kv, int32_t *dh, int32_t *dl)
 {
@@ -138,6 +166,14 @@ PASSES = {
         ("V sums", ("mca_v1_neon_dotprod", "mca_v4_neon_dotprod"), "sdot", (64, 32),  # 4 tiles
          lambda c: c * D / 32 / 16, lambda c: c * D / 4 / 16),     # (16 tokens) x 2 planes:
     ],                                                             # 1 head x 32 dims, 4 heads x 4
+    # SMMLA: K dots of 8 rows x 16 dims, both planes, per head (1 or 4 heads); V sums of 8 tokens
+    # x 16 dims for 1 head, x 8 dims for 4 heads, both planes
+    "neon_i8mm": [
+        ("K dots", ("mca_k1_neon_i8mm", "mca_k4_neon_i8mm"), "smmla", (8, 32),
+         lambda c: c * D / 16 / 8, lambda c: c * D / 16 / 8),
+        ("V sums", ("mca_v1_neon_i8mm", "mca_v4_neon_i8mm"), "smmla", (8, 16),
+         lambda c: c * D / 16 / 8, lambda c: c * D / 8 / 8),
+    ],
     # the sides at 4 bits (KVCache): K dots of 4 rows x 3 planes x 32 channels; V sums of 3
     # planes, neon 2 tiles x 16 dims of one head (the same loop for each head), dotprod 4
     # tiles, 1 head x 16 dims or 2 heads x 8 (twice for 4 heads)
@@ -164,7 +200,10 @@ PASSES = {
 }
 CPUS = [("A76 (neoverse-n1)", "neoverse-n1",
          ("neon_dotprod", "neon", "neon_dotprod 4-bit", "neon 4-bit")),
-        ("A72 (cortex-a72)", "cortex-a72", ("neon", "neon 4-bit"))]
+        ("A72 (cortex-a72)", "cortex-a72", ("neon", "neon 4-bit")),
+        ("N2 (neoverse-n2: i8mm, as Cortex-A710 and Graviton's V cores)", "neoverse-n2",
+         ("neon_i8mm", "neon_dotprod"))]
+MATTR = {"cortex-a72": "+neon", "neoverse-n1": "+dotprod", "neoverse-n2": "+dotprod,+i8mm"}
 
 
 def cflags():
@@ -239,7 +278,7 @@ def mca(llvm_mca, cpu, loop, keep=None):
         with open(keep, "w") as f:
             f.write(text)
     r = subprocess.run([llvm_mca, "-mtriple=aarch64-linux-gnu", f"-mcpu={cpu}",
-                        "-mattr=+dotprod" if cpu != "cortex-a72" else "-mattr=+neon",
+                        f"-mattr={MATTR[cpu]}",
                         "-iterations=200"], input=text, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"llvm-mca failed on {cpu}:\n{r.stderr}")

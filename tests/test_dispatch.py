@@ -11,7 +11,7 @@ import pytest
 import int8attn as ia
 from int8attn import _cache, _tiers
 
-ALL_TIERS = {"scalar", "neon", "neon_dotprod", "avx2", "avx512_vnni"}
+ALL_TIERS = {"scalar", "neon", "neon_dotprod", "neon_i8mm", "avx2", "avx512_vnni", "amx"}
 assert set(_tiers.KNOWN_TIERS) == ALL_TIERS
 
 
@@ -32,9 +32,9 @@ def test_tier_names():
     assert ia.isa() in supported
     machine = platform.machine().lower()
     if machine in ("x86_64", "amd64"):
-        assert set(_cache._COMPILED) == {"avx512_vnni", "avx2", "scalar"}
+        assert set(_cache._COMPILED) == {"amx", "avx512_vnni", "avx2", "scalar"}
     elif machine in ("aarch64", "arm64"):
-        assert set(_cache._COMPILED) == {"neon_dotprod", "neon", "scalar"}
+        assert set(_cache._COMPILED) == {"neon_i8mm", "neon_dotprod", "neon", "scalar"}
         assert "neon" in supported                # every aarch64 core has Advanced SIMD
 
 

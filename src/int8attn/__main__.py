@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from . import Int8KVCache, __version__, get_num_threads, isa, supported_isas
+from . import Int8KVCache, __version__, _cache, get_num_threads, isa, supported_isas
 from .reference import attention
 
 
@@ -50,6 +50,8 @@ def demo(contexts, heads, kv_heads, head_dim, repeats, seed):
     rng = np.random.default_rng(seed)
     print(f"int8attn {__version__} on {platform.machine()}: tier {isa()} "
           f"(supported: {', '.join(supported_isas())})")
+    if _cache._amx() != "absent":
+        print(f"AMX: the CPU has it; the OS {_cache._amx()} the tile data to this process")
     print(f"decode of H={heads} query heads over Hkv={kv_heads} kv heads, D={head_dim}, "
           f"gaussian K/V/q; median of {repeats} decodes\n")
     header = (f"{'tokens':>7} {'q_bits':>6} {'err vs dequant':>15} {'err vs fp32 K/V':>16} "

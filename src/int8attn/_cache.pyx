@@ -70,6 +70,13 @@ def supported_isas():
     return _SUPPORTED
 
 
+def _amx():
+    """What became of AMX at import: "absent" (the CPU or the OS has none), "refused" (the CPU
+    has it; the process was refused its tile data, e.g. a Linux before 5.16: the amx tier is
+    not offered) or "granted"."""
+    return ("absent", "refused", "granted")[i8a_amx_status()]
+
+
 # ---------------------------------------------------------------------------------------------
 # Threads
 

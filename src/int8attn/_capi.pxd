@@ -61,6 +61,7 @@ cdef extern from "_simd/dispatch.h" nogil:
     const i8a_kernels i8a_tiers[]
     const i8a_probe i8a_probes[]
     unsigned i8a_cpu_features()
+    int i8a_amx_status()
 
 
 cdef extern from "_engine.h" nogil:

@@ -4,8 +4,8 @@ from ._format import MAX_THREADS
 
 # every tier of every architecture, best first within each; a build compiles its own
 # architecture's and scalar
-TIER_ARCH = {"avx512_vnni": "x86-64", "avx2": "x86-64", "neon_dotprod": "aarch64",
-             "neon": "aarch64", "scalar": "any CPU"}
+TIER_ARCH = {"amx": "x86-64", "avx512_vnni": "x86-64", "avx2": "x86-64", "neon_i8mm": "aarch64",
+             "neon_dotprod": "aarch64", "neon": "aarch64", "scalar": "any CPU"}
 KNOWN_TIERS = tuple(TIER_ARCH)
 ENV_VARS = ("INT8ATTN_ISA", "CA_CPU_ISA")     # the second: the name the seed kernel read
 

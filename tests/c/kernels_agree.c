@@ -9,7 +9,7 @@
  * preconditions (dispatch.h), so a sanitizer build catches any read past them, and the scratch
  * and the outputs start as NaN bytes for the scalar tier and as zeros for the others, so an
  * output that depends on what was there before differs. Built like tiers_agree.c:
- *   cc -O2 -std=c11 -ffp-contract=off -Isrc/int8attn tests/c/kernels_agree.c \
+ *   cc -O2 -std=c11 -ffp-contract=off -Isrc/int8attn [-DI8A_TILE_MODEL] tests/c/kernels_agree.c \
  *      $(grep -v '^#' src/int8attn/csources.txt) -lm -pthread && ./a.out
  * Prints one line per tier: the cases of each entry, how many differ from scalar, and a digest of
  * the tier's outputs (FNV-1a: every tier that agrees prints the scalar tier's); exits non-zero on
@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "_simd/common.h"   /* i8a_half_bits, to build the rows of halves */
+#include "tiers.h"          /* the tiers checked (with -DI8A_TILE_MODEL: the amx tier's model) */
 
 enum { E_QUANTIZE, E_A88, E_A88P, E_A44, E_A84, E_A48, E_MERGE, E_ROTATE, E_FLOAT, E_HALF, E_N };
 static const char *const entry_name[E_N] = {"quantize_row", "attend8/8", "attend8/8 paged",
@@ -615,10 +616,11 @@ static void half_cases(void)
 int main(void)
 {
     const unsigned have = i8a_cpu_features();
-    for (const i8a_kernels *t = i8a_tiers; t->name; t++)
-        if (!strcmp(t->name, "scalar"))
-            tiers[n_tiers++].kt = t;
-    for (const i8a_kernels *t = i8a_tiers; t->name && n_tiers < MAX_TIERS; t++) {
+    for (const i8a_kernels *const *tp = checked_tiers(); *tp; tp++)
+        if (!strcmp((*tp)->name, "scalar"))
+            tiers[n_tiers++].kt = *tp;
+    for (const i8a_kernels *const *tp = checked_tiers(); *tp && n_tiers < MAX_TIERS; tp++) {
+        const i8a_kernels *t = *tp;
         if (!strcmp(t->name, "scalar"))
             continue;
         if ((t->requires & have) != t->requires) {

@@ -1,7 +1,9 @@
 /* Every supported tier against the scalar tier, bit for bit, straight through the C driver.
  * A fast check for cross-compiled builds run under qemu-user (the Python tests cover the rest):
- *   cc -O2 -ffp-contract=off -Isrc/int8attn tests/c/tiers_agree.c \
+ *   cc -O2 -ffp-contract=off -Isrc/int8attn [-DI8A_TILE_MODEL] tests/c/tiers_agree.c \
  *      $(grep -v '^#' src/int8attn/csources.txt) -lm -pthread && ./a.out
+ * (-DI8A_TILE_MODEL: on x86-64 also the amx tier against the C model of the tile instructions,
+ * tests/c/tiers.h.)
  * Prints one line per tier, with a digest of its outputs over every case (FNV-1a of the bytes:
  * equal digests before and after a change that must not move a bit), and exits non-zero on any
  * difference. */
@@ -12,6 +14,7 @@
 
 #include "_engine.h"
 #include "_pool.h"
+#include "tiers.h"          /* the tiers checked (with -DI8A_TILE_MODEL: the amx tier's model) */
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
@@ -385,11 +388,12 @@ int main(void)
     };
     const unsigned have = i8a_cpu_features();
     const i8a_kernels *scalar = NULL;
-    for (const i8a_kernels *t = i8a_tiers; t->name; t++)
-        if (!strcmp(t->name, "scalar"))
-            scalar = t;
+    for (const i8a_kernels *const *tp = checked_tiers(); *tp; tp++)
+        if (!strcmp((*tp)->name, "scalar"))
+            scalar = *tp;
     int failed = 0;
-    for (const i8a_kernels *t = i8a_tiers; t->name; t++) {
+    for (const i8a_kernels *const *tp = checked_tiers(); *tp; tp++) {
+        const i8a_kernels *t = *tp;
         if ((t->requires & have) != t->requires) {
             printf("%-14s skipped: not supported on this CPU\n", t->name);
             continue;

@@ -157,6 +157,22 @@ static inline size_t i8a_vrun(const i8a_span *kv, size_t t, size_t tiles, size_t
            / I8A_V_TILE;
 }
 
+/* tile[t] = V tile t's address for t < the span's tiles (i8a_v_tiles), one block lookup per run;
+ * tile[tiles] = NULL. Returns the tile count. tile holds I8A_CHUNK / I8A_V_TILE + 2 entries. */
+static inline size_t i8a_vtile_addresses(const i8a_span *kv, size_t d, const int8_t **tile)
+{
+    const size_t tiles = (kv->v_lead + kv->n + I8A_V_TILE - 1) / I8A_V_TILE;
+    for (size_t t0 = 0; t0 < tiles;) {
+        const int8_t *run;
+        const size_t m = i8a_vrun(kv, t0, tiles, d, &run);
+        for (size_t u = 0; u < m; u++)
+            tile[t0 + u] = run + u * d * I8A_V_TILE;
+        t0 += m;
+    }
+    tile[tiles] = NULL;
+    return tiles;
+}
+
 /* Row r (0 <= r < next_n) of the next span's K, and the tile holding it of its V, at 8 bits:
  * the prefetch hints. */
 static inline const int8_t *i8a_next_krow(const i8a_span *kv, size_t r, size_t d)
@@ -314,6 +330,13 @@ typedef struct {
 #define I8A_CPU_NEON (1u << 1)          /* aarch64 Advanced SIMD */
 #define I8A_CPU_DOTPROD (1u << 2)       /* aarch64 SDOT/UDOT (FEAT_DotProd) */
 #define I8A_CPU_AVX512_VNNI (1u << 3)   /* AVX-512 F, BW, VL and VNNI, ZMM state enabled */
+#define I8A_CPU_I8MM (1u << 4)          /* aarch64 SMMLA/UMMLA/USMMLA (FEAT_I8MM) */
+#define I8A_CPU_AMX (1u << 5)           /* AMX-TILE and AMX-INT8, the tiles' state enabled and
+                                         * (Linux) the process allowed to use them */
+
+/* What became of AMX at import (i8a_cpu_features): 0 the CPU or the OS has none, 1 the CPU has
+ * it but the process was refused its tile data, 2 usable. */
+int i8a_amx_status(void);
 
 unsigned i8a_cpu_features(void);
 

@@ -37,20 +37,16 @@ static void i8a_attend_avx512_vnni(const i8a_query *q, const i8a_span *kv, float
     i8a_vtop_with(i8a_vtop_row_avx512_vnni, scratch, nq, kv, d, 0, out->o);
 }
 
-/* attend4 (dispatch.h) in attend's order, the 4-bit passes vectorized: K at 8 bits by attend's
- * dots, at 4 bits group by group (i8a_k4_logits_avx512_vnni); the softmax with V's minima; the
- * planes; the V pass of the side's width. */
-I8A_INLINE void i8a_attend4_body_avx512_vnni(const i8a_query *q, const i8a_span *kv, float *scratch,
-                                             const i8a_state *out, const int k4, const int v4)
+/* Every head's weights after the K pass (attend4's middle, the amx tier's too): its logits (K at
+ * 8 bits: from the dots dh, dl; at 4 bits: out->m already, when k4_tiled made them, else group
+ * by group), m and l, the softmax with V's minima at 4 bits, the planes of the side's width. */
+I8A_INLINE void i8a_weights_avx512_vnni(const i8a_query *q, const i8a_span *kv, float *scratch,
+                                        const i8a_state *out, const int k4, const int v4,
+                                        const int k4_tiled)
 {
-    const size_t d = q->d, n = kv->n, nq = q->nq;
+    const size_t n = kv->n, nq = q->nq;
     uint8_t *extra = (uint8_t *)(scratch + 2 * nq * I8A_CHUNK);
     int32_t *dh = (int32_t *)(scratch + nq * I8A_CHUNK), *dl = (int32_t *)scratch;
-    const int k4_tiled = k4 && nq >= 2, k4_np = q->two_planes ? I8A_K4_QPLANES : 1;
-    if (!k4)
-        i8a_kdots_avx512_vnni(q, kv, dh, dl);
-    else if (k4_tiled)      /* every head's logits, into p and out->m */
-        i8a_k4_logits_tiled_avx512_vnni(q, kv, scratch, extra, k4_np, out->m);
     for (size_t j = 0; j < nq; j++) {
         float *p = scratch + j * I8A_CHUNK;
         float m;
@@ -73,6 +69,23 @@ I8A_INLINE void i8a_attend4_body_avx512_vnni(const i8a_query *q, const i8a_span 
         i8a_planes_avx512_vnni(p, n, kv->v_lead, i8a_planes_at(scratch, nq, j),
                                v4 ? I8A_WPLANES4 : I8A_WPLANES8);
     }
+}
+
+/* attend4 (dispatch.h) in attend's order, the 4-bit passes vectorized: K at 8 bits by attend's
+ * dots, at 4 bits group by group (i8a_k4_logits_avx512_vnni); the softmax with V's minima; the
+ * planes; the V pass of the side's width. */
+I8A_INLINE void i8a_attend4_body_avx512_vnni(const i8a_query *q, const i8a_span *kv, float *scratch,
+                                             const i8a_state *out, const int k4, const int v4)
+{
+    const size_t d = q->d, nq = q->nq;
+    uint8_t *extra = (uint8_t *)(scratch + 2 * nq * I8A_CHUNK);
+    int32_t *dh = (int32_t *)(scratch + nq * I8A_CHUNK), *dl = (int32_t *)scratch;
+    const int k4_tiled = k4 && nq >= 2, k4_np = q->two_planes ? I8A_K4_QPLANES : 1;
+    if (!k4)
+        i8a_kdots_avx512_vnni(q, kv, dh, dl);
+    else if (k4_tiled)      /* every head's logits, into p and out->m */
+        i8a_k4_logits_tiled_avx512_vnni(q, kv, scratch, extra, k4_np, out->m);
+    i8a_weights_avx512_vnni(q, kv, scratch, out, k4, v4, k4_tiled);
     if (v4) {
         i8a_v4pass_avx512_vnni(scratch, nq, kv, d, out->o);
         i8a_vtop_with(i8a_vtop_row_avx512_vnni, scratch, nq, kv, d, 1, out->o);

@@ -8,8 +8,9 @@
 #error "attend/neon.h is included by ../neon.h only"
 #endif
 
-/* The attend of both aarch64 tiers; only the 16-byte dot step of K and the V pass differ. */
-I8A_INLINE void i8a_attend_with_neon(i8a_dot16_neon_fn dot16, i8a_vpass_neon_fn vpass,
+/* The attend of the aarch64 tiers; only the K pass (kdots: the dots of every head with the
+ * chunk's rows) and the V pass differ. */
+I8A_INLINE void i8a_attend_with_neon(i8a_kdots_neon_fn kdots, i8a_vpass_neon_fn vpass,
                                      const i8a_query *q, const i8a_span *kv, float *scratch,
                                      const i8a_state *out)
 {
@@ -17,7 +18,7 @@ I8A_INLINE void i8a_attend_with_neon(i8a_dot16_neon_fn dot16, i8a_vpass_neon_fn 
     /* dh in the second half of the scratch, dl in the first: head j's logits overwrite its
      * own dl element by element, each read before it is written, and its planes its dh */
     int32_t *dh = (int32_t *)(scratch + nq * I8A_CHUNK), *dl = (int32_t *)scratch;
-    i8a_kdots_with_neon(dot16, q, kv, dh, dl);
+    kdots(q, kv, dh, dl);
     for (size_t j = 0; j < nq; j++) {
         float *p = scratch + j * I8A_CHUNK;
         const float m = i8a_logits_neon(dh + j * I8A_CHUNK, dl + j * I8A_CHUNK, q->c_hi[j],
@@ -41,14 +42,15 @@ I8A_INLINE void i8a_attend_with_neon(i8a_dot16_neon_fn dot16, i8a_vpass_neon_fn 
 static void i8a_attend_neon(const i8a_query *q, const i8a_span *kv, float *scratch,
                             const i8a_state *out)
 {
-    i8a_attend_with_neon(i8a_dot16_neon, i8a_vpass_neon, q, kv, scratch, out);
+    i8a_attend_with_neon(i8a_kdots_neon, i8a_vpass_neon, q, kv, scratch, out);
 }
 
-/* attend4 of both aarch64 tiers (dispatch.h): K at 8 bits by attend's dots, at 4 bits group
- * by group with the given dot step; the softmax, V's minima, the planes; the V pass of the
- * side's width (vpass8, vpass4: the tier's). */
-I8A_INLINE void i8a_attend4_with_neon(i8a_dot16_neon_fn dot16, i8a_vpass_neon_fn vpass8,
-                                      i8a_vpass_neon_fn vpass4, const i8a_query *q,
+/* attend4 of the aarch64 tiers (dispatch.h): K at 8 bits by the tier's K pass (kdots), at 4
+ * bits group by group with the given dot step; the softmax, V's minima, the planes; the V pass
+ * of the side's width (vpass8, vpass4: the tier's). */
+I8A_INLINE void i8a_attend4_with_neon(i8a_dot16_neon_fn dot16, i8a_kdots_neon_fn kdots,
+                                      i8a_vpass_neon_fn vpass8, i8a_vpass_neon_fn vpass4,
+                                      const i8a_query *q,
                                       const i8a_span *kv, float *scratch, const i8a_state *out,
                                       const int k4, const int v4)
 {
@@ -56,7 +58,7 @@ I8A_INLINE void i8a_attend4_with_neon(i8a_dot16_neon_fn dot16, i8a_vpass_neon_fn
     uint8_t *extra = (uint8_t *)(scratch + 2 * nq * I8A_CHUNK);
     int32_t *dh = (int32_t *)(scratch + nq * I8A_CHUNK), *dl = (int32_t *)scratch;
     if (!k4)
-        i8a_kdots_with_neon(dot16, q, kv, dh, dl);
+        kdots(q, kv, dh, dl);
     for (size_t j = 0; j < nq; j++) {
         float *p = scratch + j * I8A_CHUNK;
         float m;
@@ -89,22 +91,22 @@ I8A_INLINE void i8a_attend4_with_neon(i8a_dot16_neon_fn dot16, i8a_vpass_neon_fn
 static void i8a_attend_k8v4_neon(const i8a_query *q, const i8a_span *kv, float *scratch,
                                  const i8a_state *out)
 {
-    i8a_attend4_with_neon(i8a_dot16_neon, i8a_vpass_neon, i8a_v4pass_neon, q, kv, scratch, out,
-                          0, 1);
+    i8a_attend4_with_neon(i8a_dot16_neon, i8a_kdots_neon, i8a_vpass_neon, i8a_v4pass_neon, q, kv,
+                          scratch, out, 0, 1);
 }
 
 static void i8a_attend_k4v8_neon(const i8a_query *q, const i8a_span *kv, float *scratch,
                                  const i8a_state *out)
 {
-    i8a_attend4_with_neon(i8a_dot16_neon, i8a_vpass_neon, i8a_v4pass_neon, q, kv, scratch, out,
-                          1, 0);
+    i8a_attend4_with_neon(i8a_dot16_neon, i8a_kdots_neon, i8a_vpass_neon, i8a_v4pass_neon, q, kv,
+                          scratch, out, 1, 0);
 }
 
 static void i8a_attend_k4v4_neon(const i8a_query *q, const i8a_span *kv, float *scratch,
                                  const i8a_state *out)
 {
-    i8a_attend4_with_neon(i8a_dot16_neon, i8a_vpass_neon, i8a_v4pass_neon, q, kv, scratch, out,
-                          1, 1);
+    i8a_attend4_with_neon(i8a_dot16_neon, i8a_kdots_neon, i8a_vpass_neon, i8a_v4pass_neon, q, kv,
+                          scratch, out, 1, 1);
 }
 
 #endif

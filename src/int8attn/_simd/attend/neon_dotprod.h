@@ -11,28 +11,28 @@
 static void i8a_attend_k8v4_neon_dotprod(const i8a_query *q, const i8a_span *kv,
                                          float *scratch, const i8a_state *out)
 {
-    i8a_attend4_with_neon(i8a_dot16_neon_dotprod, i8a_vpass_neon_dotprod, i8a_v4pass_neon_dotprod,
-                          q, kv, scratch, out, 0, 1);
+    i8a_attend4_with_neon(i8a_dot16_neon_dotprod, i8a_kdots_neon_dotprod, i8a_vpass_neon_dotprod,
+                          i8a_v4pass_neon_dotprod, q, kv, scratch, out, 0, 1);
 }
 
 static void i8a_attend_k4v8_neon_dotprod(const i8a_query *q, const i8a_span *kv,
                                          float *scratch, const i8a_state *out)
 {
-    i8a_attend4_with_neon(i8a_dot16_neon_dotprod, i8a_vpass_neon_dotprod, i8a_v4pass_neon_dotprod,
-                          q, kv, scratch, out, 1, 0);
+    i8a_attend4_with_neon(i8a_dot16_neon_dotprod, i8a_kdots_neon_dotprod, i8a_vpass_neon_dotprod,
+                          i8a_v4pass_neon_dotprod, q, kv, scratch, out, 1, 0);
 }
 
 static void i8a_attend_k4v4_neon_dotprod(const i8a_query *q, const i8a_span *kv,
                                          float *scratch, const i8a_state *out)
 {
-    i8a_attend4_with_neon(i8a_dot16_neon_dotprod, i8a_vpass_neon_dotprod, i8a_v4pass_neon_dotprod,
-                          q, kv, scratch, out, 1, 1);
+    i8a_attend4_with_neon(i8a_dot16_neon_dotprod, i8a_kdots_neon_dotprod, i8a_vpass_neon_dotprod,
+                          i8a_v4pass_neon_dotprod, q, kv, scratch, out, 1, 1);
 }
 
 static void i8a_attend_neon_dotprod(const i8a_query *q, const i8a_span *kv, float *scratch,
                                     const i8a_state *out)
 {
-    i8a_attend_with_neon(i8a_dot16_neon_dotprod, i8a_vpass_neon_dotprod, q, kv, scratch, out);
+    i8a_attend_with_neon(i8a_kdots_neon_dotprod, i8a_vpass_neon_dotprod, q, kv, scratch, out);
 }
 
 #endif

@@ -138,14 +138,16 @@ I8A_INLINE void i8a_transpose16_avx512_vnni(const __m512i r[16], size_t i, size_
     }
 }
 
+/* Rows [s, s + 16) of a span into kt (rows past n repeat row n - 1), each byte + 128 when
+ * `unsigned_k` (vpdpbusd's unsigned operand), else as stored (the amx tier's TDPBSSD). */
 I8A_INLINE void i8a_ktiles_avx512_vnni(const i8a_span *kv, const int8_t *const *rows, size_t s,
-                                       size_t d, int one_run, uint8_t *kt)
+                                       size_t d, int one_run, const int unsigned_k, uint8_t *kt)
 {
     const size_t n = kv->n;
     const int8_t *src[I8A_KTILE_ROWS];
     for (size_t r = 0; r < I8A_KTILE_ROWS; r++)
         src[r] = i8a_krow_of(kv, rows, s + r < n ? s + r : n - 1, d, one_run);
-    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    const __m512i bias = _mm512_set1_epi8(unsigned_k ? (char)0x80 : 0);
     for (size_t i = 0; i < d; i += 64) {       /* quads [i / 4, i / 4 + 16): a 16 x 16 transpose */
         __m512i r[16];
         for (int k = 0; k < 16; k++)
@@ -217,7 +219,7 @@ I8A_INLINE void i8a_kdots_tiled_avx512_vnni(const i8a_query *q, const i8a_span *
             if (j0 == 0 && s < kv->next_n)     /* the next chunk's K, 16 rows per tile */
                 i8a_prefetch_rows(i8a_next_krow_of(kv, s, d, one_run),
                                   (kv->next_n - s < I8A_KTILE_ROWS ? kv->next_n - s : I8A_KTILE_ROWS) * d);
-            i8a_ktiles_avx512_vnni(kv, rows, s, d, one_run, kt);
+            i8a_ktiles_avx512_vnni(kv, rows, s, d, one_run, 1, kt);
             for (size_t j = j0; j < j1; j += 4) {
                 const int nh = j1 - j >= 4 ? 4 : (int)(j1 - j);
                 const int32_t (*c)[2] = corr + (j - j0);

@@ -93,6 +93,15 @@ I8A_INLINE void i8a_kdots_with_neon(i8a_dot16_neon_fn dot16, const i8a_query *q,
         i8a_kdots_rows_neon(dot16, q, kv, dh, dl, 0);
 }
 
+typedef void (*i8a_kdots_neon_fn)(const i8a_query *q, const i8a_span *kv, int32_t *dh,
+                                  int32_t *dl);
+
+/* The neon tier's K pass (attend's kdots). */
+I8A_INLINE void i8a_kdots_neon(const i8a_query *q, const i8a_span *kv, int32_t *dh, int32_t *dl)
+{
+    i8a_kdots_with_neon(i8a_dot16_neon, q, kv, dh, dl);
+}
+
 /* p[s] = i8a_logit_capped(dh[s], dl[s], ...) for s < n, four at a time; returns max_s p[s]. */
 I8A_INLINE float i8a_logits_neon(const int32_t *dh, const int32_t *dl, float c_hi, float c_lo,
                                  int two, float bias, float cap, float inv_cap, const float *ks,

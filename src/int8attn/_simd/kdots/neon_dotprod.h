@@ -13,4 +13,11 @@ I8A_INLINE int32x4_t i8a_dot16_neon_dotprod(int32x4_t acc, int8x16_t a, int8x16_
     return vdotq_s32(acc, a, b);
 }
 
+/* The neon_dotprod tier's K pass (attend's kdots). */
+I8A_INLINE void i8a_kdots_neon_dotprod(const i8a_query *q, const i8a_span *kv, int32_t *dh,
+                                       int32_t *dl)
+{
+    i8a_kdots_with_neon(i8a_dot16_neon_dotprod, q, kv, dh, dl);
+}
+
 #endif
