@@ -35,7 +35,7 @@ model.
 ``--profile`` also splits each case's prefill steps (until every request had its first token)
 and decode steps (all C decoding) by where the time goes, per attention layer and step: the
 metadata build, the KV write by slot, the attention call, and for int8attn inside them the
-float32 conversions of the model's rows, the engine's write and attend calls and, inside the
+engine's write and attend calls (the rest is the plugin's Python around them) and, inside the
 attend, the engine's own parts (``int8attn._cache._profile``: the views and plan, the q rows'
 preparation, the coded chunks, the float rows of the open blocks, the merges, summed over the
 pool's threads); vLLM's own work is the rest of the step (the model's other operators, the
@@ -113,7 +113,6 @@ class Profile:
             self.wrap(plugin.Int8AttnMetadataBuilder, "build", "metadata build")
             self.wrap(plugin.Int8AttnImpl, "do_kv_cache_update", "kv write")
             self.wrap(plugin.Int8AttnImpl, "forward", "attention")
-            self.wrap(plugin, "_f32", "to float32")
             self.wrap(ia.PagedKVCache, "write", "pool.write")
             self.wrap(ia.PagedKVCache, "attend", "pool.attend")
             self.engine = _cache
@@ -337,8 +336,7 @@ def profile_rows(run, row, phase):
            * 1e6, "write us": write, "attend us": attn,
            "rest ms": (step - (attn + write) * layers * 1e-6 - per_step("metadata build")) * 1e3}
     if run["kv"] == "int8_per_token_head":
-        got.update({"to f32 us": per_layer("to float32"),
-                    "engine write us": per_layer("engine write"),
+        got.update({"engine write us": per_layer("engine write"),
                     "engine attend us": per_layer("engine attend"),
                     "pool threads": parts.get("engine pool", [0, 0])[1]
                     / max(1, parts.get("engine attend", [0, 1])[1])})
@@ -353,7 +351,7 @@ def print_profile(name, runs):
 
     print(f"\n### {name}: where a step goes (per step ms; per layer and step us)\n")
     heads = ["P x C", "phase", "kv", "step ms", "rest ms", "build us", "write us", "attend us",
-             "to f32 us", "engine write us", "engine attend us"] + [
+             "engine write us", "engine attend us"] + [
              p + " us" for p in ENGINE_PARTS] + ["pool threads"]
     rows = []
     for i, r in enumerate(runs[0]["rows"]):

@@ -201,6 +201,67 @@ def test_a_torch_buffer_and_torch_arguments():
     assert isinstance(out, torch.Tensor) and out.shape == (2, 2, 32)
 
 
+def _sixteen_bit_case(rows, to16, back):
+    """A pool written and attended with 16-bit rows (to16 of float32 rows) beside one given the
+    same values as float32 (back of them): (the first's output, the second's)."""
+    k, v = rows((2, 150, 2, 64)) * 3
+    q = rows((70, 6, 64)) * 2
+    k[3, 1, 5], v[7, 0, 2] = 60000.0, -1e-6       # near float16's largest, below its normals
+    table = np.array([[4, 0, 2], [1, 3, -1]], np.int32)
+    starts, lens = [0, 50, 70], [150, 20]
+    out = []
+    for conv in (to16, lambda x: back(to16(x))):
+        pool = ia.PagedKVCache(2, 64, 64, 5, open_blocks=4)
+        for b, n in enumerate(lens):
+            pool.write(slots_of(table[b], n, 64), conv(k[:n]), conv(v[:n]))
+        out.append(pool.attend(conv(q), starts, lens, table))
+    return out
+
+
+def test_float16_rows_are_read_as_their_values():
+    """float16 k, v and q give the bits of the same values as float32 (each row widened as it is
+    read), and out= float16 is the float32 result rounded as numpy rounds it."""
+    rng = np.random.default_rng(7)
+    rows = lambda shape: rng.standard_normal(shape).astype(np.float32)
+    got16, got32 = _sixteen_bit_case(rows, lambda x: x.astype(np.float16),
+                                     lambda x: x.astype(np.float32))
+    np.testing.assert_array_equal(got16.view(np.int32), got32.view(np.int32))
+    pool = ia.PagedKVCache(1, 32, 16, 2)
+    k = rng.standard_normal((20, 1, 32)).astype(np.float16)
+    pool.write(np.arange(20), k, k)
+    q = rng.standard_normal((3, 2, 32)).astype(np.float16)
+    want = pool.attend(q, [0, 3], [20], [[0, 1]])
+    half = np.full((3, 2, 32), np.nan, np.float16)
+    assert pool.attend(q, [0, 3], [20], [[0, 1]], out=half) is half
+    np.testing.assert_array_equal(half.view(np.uint16), want.astype(np.float16).view(np.uint16))
+    k[4, 0, 9] = np.inf                           # a float16 Inf is refused, as float32's is
+    with pytest.raises(ValueError, match=r"k holds NaN or Inf.*row 4, kv head 0"):
+        pool.write(np.arange(20), k, k)
+    with pytest.raises(TypeError, match="k and v must have one dtype"):
+        pool.write(np.arange(20), k, k.astype(np.float32))
+
+
+def test_bfloat16_rows_are_read_as_their_values():
+    """torch bfloat16 k, v and q (a serving engine's model dtype) give the bits of the same values
+    as float32, and out= bfloat16 is the float32 result as torch rounds it."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(8)
+    rows = lambda shape: torch.from_numpy(rng.standard_normal(shape).astype(np.float32))
+    got16, got32 = _sixteen_bit_case(rows, lambda x: x.to(torch.bfloat16), lambda x: x.float())
+    np.testing.assert_array_equal(got16.numpy().view(np.int32), got32.numpy().view(np.int32))
+    pool = ia.PagedKVCache(1, 32, 16, 2)
+    kv = torch.randn(20, 1, 32, dtype=torch.bfloat16)
+    pool.write(torch.arange(20), kv, kv)
+    q = torch.randn(3, 2, 32, dtype=torch.bfloat16)
+    want = pool.attend(q, [0, 3], [20], [[0, 1]])
+    out = torch.full((3, 2, 32), float("nan"), dtype=torch.bfloat16)
+    assert pool.attend(q, [0, 3], [20], [[0, 1]], out=out) is out
+    assert torch.equal(out.view(torch.int16), want.to(torch.bfloat16).view(torch.int16))
+    qs = torch.randn(3, 4, 32, dtype=torch.bfloat16)[:, ::2]          # strided: copied first
+    np.testing.assert_array_equal(pool.attend(qs, [0, 3], [20], [[0, 1]]).numpy(),
+                                  pool.attend(qs.contiguous(), [0, 3], [20], [[0, 1]]).numpy())
+
+
 BAD = [
     (dict(q=np.zeros((1, 3, 32), np.float32)), ValueError, "not a multiple of n_kv_heads=2"),
     (dict(q=np.zeros((1, 2, 16), np.float32)), ValueError, r"q must have shape \[Nq, H, D\] with D=32"),

@@ -462,37 +462,3 @@ def _int_array(x, name, ndim, dtype=np.int64):
         if int(a.min()) < info.min or int(a.max()) > info.max:
             raise ValueError(f"{name} holds values beyond {np.dtype(dtype).name}")
     return a if a.dtype == dtype and a.flags.c_contiguous else np.ascontiguousarray(a, dtype)
-
-
-def paged_write(slots, k, v, hkv, d, num_slots):
-    """write()'s arguments: (slots int64 [N], k, v aligned C-contiguous float32 [N, Hkv, D])."""
-    sa = _int_array(slots, "slots", 1)
-    ka, va = as_float32(k, "k"), as_float32(v, "v")
-    n = sa.shape[0]
-    if ka.shape != (n, hkv, d):
-        raise ValueError(f"k must have shape [N, Hkv, D] with N={n} (the slots), Hkv={hkv}, "
-                         f"D={d}; got {list(ka.shape)}")
-    if va.shape != ka.shape:
-        raise ValueError(f"v must have the shape of k, {list(ka.shape)}; got {list(va.shape)}")
-    over = np.flatnonzero(sa >= num_slots)
-    if over.size:
-        i = int(over[0])
-        raise ValueError(f"slots[{i}] is {int(sa[i])}, beyond the pool's "
-                         f"num_blocks * block_size = {num_slots} slots; nothing was written")
-    return sa, c_aligned(ka), c_aligned(va)
-
-
-def paged_attend(q, query_start, seq_lens, block_table, hkv, d):
-    """attend()'s arrays converted (their values are checked by the compiled pool, under its
-    lock): (q aligned C-contiguous float32 [Nq, H, D], query_start [.], seq_lens [.] and
-    block_table [., .] int32 C-contiguous: a serving engine's own arrays need no copy)."""
-    qa = as_float32(q, "q")
-    if qa.ndim != 3 or qa.shape[2] != d or qa.shape[1] == 0:
-        raise ValueError(f"q must have shape [Nq, H, D] with D={d}, H >= 1; got "
-                         f"{list(qa.shape)}")
-    if qa.shape[1] % hkv:
-        raise ValueError(f"q has H={qa.shape[1]} query heads, not a multiple of "
-                         f"n_kv_heads={hkv}")
-    table = _int_array(block_table, "block_table", 2, np.int32)
-    return (c_aligned(qa), _int_array(query_start, "query_start", 1, np.int32),
-            _int_array(seq_lens, "seq_lens", 1, np.int32), table)

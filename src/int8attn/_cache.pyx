@@ -410,6 +410,32 @@ def _prefill_layer(list seq, ka, va, qa, float scale, int q_bits, size_t window,
 # ---------------------------------------------------------------------------------------------
 # The paged pool
 
+# The element types a pool takes rows in (_engine.h), by the numpy dtype that carries them: a
+# bfloat16 row arrives as its 16-bit patterns (numpy has no bfloat16).
+_ROWS = {"float32": I8A_F32, "bfloat16": I8A_BF16, "float16": I8A_F16}
+_CARRIER = {I8A_F32: np.dtype(np.float32), I8A_BF16: np.dtype(np.uint16),
+            I8A_F16: np.dtype(np.float16)}
+
+
+cdef bint _rows_are(a, int kind):
+    """Whether a is an aligned C-contiguous array of element type kind's carrier."""
+    return (kind in _CARRIER and a.dtype == _CARRIER[kind] and a.flags.c_contiguous
+            and a.flags.aligned)
+
+
+def _narrow(x, y, int kind):
+    """y = x (float32, C-contiguous) in kind's type (bfloat16 or float16, y its carrier, the same
+    size): nearest, ties to even (i8a_narrow)."""
+    if not (kind in (I8A_BF16, I8A_F16) and x.dtype == np.float32 and x.flags.c_contiguous
+            and _rows_are(y, kind) and x.size == y.size):
+        raise ValueError("_narrow: x and y do not fit")
+    cdef const float *xp = <const float *>_ptr(x)
+    cdef uint16_t *yp = <uint16_t *>_ptr(y)
+    cdef size_t n = x.size
+    with nogil:
+        i8a_narrow(xp, n, kind, yp)
+
+
 def _paged_block_bytes(size_t n_kv_heads, size_t head_dim, size_t block_size):
     """Bytes a block of a pool (i8a_paged_block_bytes), 0 when they do not fit a size_t."""
     return i8a_paged_block_bytes(n_kv_heads, head_dim, block_size)
@@ -538,30 +564,30 @@ cdef class _Paged:
     def _leave(self):
         i8a_release(&self._busy)
 
-    def _write(self, slots, ka, va):
-        """Rows ka, va [N, Hkv, D] (aligned C-contiguous float32) into slots [N] int64 (checked:
-        each negative or below num_blocks * block_size). Returns 0, or the engine's 1 / 2 and
-        the bad row (i * Hkv + head) with nothing written."""
+    def _write(self, slots, ka, va, int kind):
+        """Rows ka, va [N, Hkv, D] (aligned C-contiguous, of the element type `kind`: _ROWS)
+        into slots [N] int64 (checked: each negative or below num_blocks * block_size). Returns
+        0, or the engine's 1 / 2 and the bad row (i * Hkv + head) with nothing written."""
         if not i8a_is_taken(&self._busy):
             raise RuntimeError("the pool's busy flag must be held (_enter) for this call")
-        cdef size_t n = slots.shape[0], bad = 0, row = self._p.n_kv_heads * self._p.head_dim
+        cdef size_t n = slots.shape[0], bad = 0
         if not (ka.shape == va.shape == (n, self._p.n_kv_heads, self._p.head_dim)
-                and slots.dtype == np.int64 and slots.ndim == 1
+                and _rows_are(ka, kind) and _rows_are(va, kind)
+                and slots.dtype == np.int64 and slots.ndim == 1 and slots.flags.c_contiguous
                 and (n == 0 or int(slots.max()) < <long long>(self._p.blocks * self._p.block_rows))):
             raise ValueError("_write: slots, k or v do not fit the pool (see write)")
         if n == 0:
             return 0, 0
-        cdef const int64_t[::1] smv = slots
-        cdef const float[::1] kmv = ka.reshape(-1)
-        cdef const float[::1] vmv = va.reshape(-1)
+        cdef const int64_t *sp = <const int64_t *>_ptr(slots)
+        cdef const void *kp = _ptr(ka)
+        cdef const void *vp = _ptr(va)
         cdef int rc
         with nogil:
-            rc = i8a_paged_write(i8a_load_tier(&_kt), &self._p, &smv[0], n, &kmv[0], &vmv[0],
-                                 &bad)
+            rc = i8a_paged_write(i8a_load_tier(&_kt), &self._p, sp, n, kp, vp, kind, &bad)
         return rc, bad
 
-    def _attend(self, qa, out, starts, lens, table, float scale, int q_bits, size_t window,
-                size_t sinks, float softcap):
+    def _attend(self, qa, int kind, out, starts, lens, table, float scale, int q_bits,
+                size_t window, size_t sinks, float softcap):
         """One i8a_paged_attend of the batch attend() describes: qa, out [Nq, H, D] float32
         (aligned, C-contiguous, H a multiple of Hkv), starts [B + 1], lens [B] and table [B,
         max_blocks] int32, C-contiguous; the options checked (_args.decode_options). The
@@ -571,15 +597,17 @@ cdef class _Paged:
         if not i8a_is_taken(&self._busy):
             raise RuntimeError("the pool's busy flag must be held (_enter) for this call")
         # typed views: the shapes below are C reads (a call costs microseconds of Python
-        # attribute lookups otherwise)
-        cdef const float[:, :, ::1] qmv = qa
+        # attribute lookups otherwise); q's elements are `kind`'s (_ROWS)
+        if not (qa.ndim == 3 and _rows_are(qa, kind)):
+            raise ValueError("_attend: q does not fit the pool (see attend)")
         cdef float[:, :, ::1] omv = out
-        cdef size_t nq = qmv.shape[0], h = qmv.shape[1]
-        if not (<size_t>qmv.shape[2] == self._p.head_dim and h >= 1
+        cdef size_t nq = qa.shape[0], h = qa.shape[1]
+        if not (<size_t>qa.shape[2] == self._p.head_dim and h >= 1
                 and h % self._p.n_kv_heads == 0 and <size_t>omv.shape[0] == nq
-                and <size_t>omv.shape[1] == h and omv.shape[2] == qmv.shape[2]
+                and <size_t>omv.shape[1] == h and <size_t>omv.shape[2] == self._p.head_dim
                 and scale > 0 and q_bits in (8, 16) and (sinks == 0 or sinks <= window)):
             raise ValueError("_attend: q, out or the options do not fit the pool (see attend)")
+        cdef const void *qp = _ptr(qa)
         cdef const int32_t[::1] smv = starts
         cdef const int32_t[::1] lmv = lens
         cdef const int32_t[:, ::1] tmv = table
@@ -630,7 +658,7 @@ cdef class _Paged:
                                                                      sinks, softcap)
         cdef int rc
         with nogil:
-            rc = i8a_paged_attend(i8a_load_tier(&_kt), &self._p, sp, ns, &qmv[0, 0, 0], h, &opt,
+            rc = i8a_paged_attend(i8a_load_tier(&_kt), &self._p, sp, ns, qp, kind, h, &opt,
                                   i8a_load_size(&_threads), &omv[0, 0, 0], &bad)
         return rc, bad
 

@@ -165,10 +165,12 @@ cdef extern from "_engine.h" nogil:
     void i8a_paged_open(i8a_paged *p, size_t cap, uint16_t *k, uint16_t *v, float *ks,
                         float *vs, int32_t *of, i8a_open_entry *entries, float *first_k,
                         float *first_v, uint8_t *first_held)
+    enum: I8A_F32, I8A_BF16, I8A_F16
+    void i8a_narrow(const float *x, size_t n, int type, uint16_t *y)
     int i8a_paged_write(const i8a_kernels *kt, i8a_paged *p, const int64_t *slots,
-                        size_t n, const float *k, const float *v, size_t *bad)
+                        size_t n, const void *k, const void *v, int type, size_t *bad)
     int i8a_paged_attend(const i8a_kernels *kt, i8a_paged *p, const i8a_paged_seq *seqs,
-                         size_t n, const float *q, size_t h, const i8a_options *opt,
+                         size_t n, const void *q, int q_type, size_t h, const i8a_options *opt,
                          size_t max_threads, float *out, size_t *bad)
     void i8a_paged_dequantize(const i8a_kernels *kt, const i8a_paged *p, const int32_t *blocks,
                               size_t length, float *k, float *v)

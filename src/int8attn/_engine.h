@@ -385,14 +385,25 @@ void i8a_paged_open(i8a_paged *p, size_t cap, uint16_t *k, uint16_t *v, float *k
                     int32_t *of, i8a_open_entry *entries, float *first_k, float *first_v,
                     uint8_t *first_held);
 
-/* Write n rows by slot: row i of k and of v ([n][hkv][d] float32 each) becomes the position
- * slots[i] % block_rows of block slots[i] / block_rows, coded as i8a_append codes a row of the
- * rotated format (with open blocks, also as halves in its block's entry); a negative slot is
- * skipped. Every other slot must be below blocks * block_rows. Returns 0, or with the pool unchanged 1 / 2 when a row of k / v that is not
- * skipped holds a NaN, an Inf or a value beyond +-I8A_VALUE_MAX, *bad = i * hkv + head of the
- * first (row order, k before v). */
+/* The element types a paged pool's writes and attends take rows in (a serving engine's model
+ * dtype): float32, bfloat16 and IEEE binary16, the last two as their 16-bit patterns. A row is
+ * widened to float32 exactly as it is read (Inf and NaN too: the checks refuse them); results
+ * are narrowed by i8a_narrow. */
+enum { I8A_F32 = 0, I8A_BF16 = 1, I8A_F16 = 2 };
+
+/* y[i] = x[i] as the element type `type` (I8A_BF16 or I8A_F16, 16-bit patterns), nearest, ties
+ * to even, as torch converts (beyond the type's range: infinity; NaN stays NaN), i < n. */
+void i8a_narrow(const float *x, size_t n, int type, uint16_t *y);
+
+/* Write n rows by slot: row i of k and of v ([n][hkv][d] each, elements of `type`: I8A_F32,
+ * I8A_BF16 or I8A_F16) becomes the position slots[i] % block_rows of block slots[i] /
+ * block_rows, coded as i8a_append codes a row of the rotated format (with open blocks, also as
+ * halves in its block's entry); a negative slot is skipped. Every other slot must be below
+ * blocks * block_rows. Returns 0, or with the pool unchanged 1 / 2 when a row of k / v that is
+ * not skipped holds a NaN, an Inf or a value beyond +-I8A_VALUE_MAX, *bad = i * hkv + head of
+ * the first (row order, k before v). */
 int i8a_paged_write(const i8a_kernels *kt, i8a_paged *p, const int64_t *slots, size_t n,
-                    const float *k, const float *v, size_t *bad);
+                    const void *k, const void *v, int type, size_t *bad);
 
 /* One sequence of a paged attend. */
 typedef struct {
@@ -405,7 +416,8 @@ typedef struct {
 
 /* Attend n sequences of the pool in one pool job, each as i8a_decode attends t queries over a
  * contiguous cache holding the same rows (the same bits): sequence b's queries are t_b rows of
- * q [.][h][d] (sequence 0's first, then 1's, ...) and its outputs the same rows of out. Its
+ * q [.][h][d] (elements of q_type: I8A_F32, I8A_BF16 or I8A_F16; sequence 0's first, then
+ * 1's, ...) and its outputs the same rows of out (float32). Its
  * (kv head, chunk) items share the threads with every other sequence's (at most max_threads,
  * by the work of the whole batch). With open blocks (i8a_paged_open) the queries in each block
  * form a view of their own, as a contiguous cache with a recent window of block_rows whose
@@ -417,8 +429,8 @@ typedef struct {
  * i8a_decode's 1 / 2 with *bad the q row (into q, all sequences' rows counted); 3 when memory
  * cannot be allocated. */
 int i8a_paged_attend(const i8a_kernels *kt, i8a_paged *p, const i8a_paged_seq *seqs, size_t n,
-                     const float *q, size_t h, const i8a_options *opt, size_t max_threads,
-                     float *out, size_t *bad);
+                     const void *q, int q_type, size_t h, const i8a_options *opt,
+                     size_t max_threads, float *out, size_t *bad);
 
 /* The rows a query at the sequence's last position reads, as floats: k and v [length][hkv][d]
  * float32, code * scale rotated back, and with open blocks its own block's held rows as their

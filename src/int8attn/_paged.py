@@ -4,10 +4,101 @@ contiguous cache's kernels with the same contract. Python over the compiled pool
 every method takes the pool's busy flag before it reads an argument, converts and checks them
 (``_args``), makes one engine call and drops the flag."""
 
+import threading
+
 import numpy as np
 
 from . import _args
 from . import _cache
+
+
+def _rows(x, name):
+    """x as the engine reads it: (an aligned C-contiguous numpy array, its element type, _cache's
+    _ROWS): float32 and float16 as they are, a CPU torch bfloat16 tensor as its 16-bit patterns
+    (no conversion: the engine widens each row as it reads it), anything else as float32."""
+    if _args.is_torch(x) and x.device.type == "cpu":
+        import torch
+        if x.dtype == torch.bfloat16:
+            a = x.detach().view(torch.int16).numpy().view(np.uint16)
+            return _args.c_aligned(a), _cache._ROWS["bfloat16"]
+        if x.dtype == torch.float16:
+            return _args.c_aligned(x.detach().numpy()), _cache._ROWS["float16"]
+    elif isinstance(x, np.ndarray) and x.dtype == np.float16:
+        return _args.c_aligned(x), _cache._ROWS["float16"]
+    return _args.c_aligned(_args.as_float32(x, name)), _cache._ROWS["float32"]
+
+
+def _values(row, kind):
+    """A row of _rows's array as float32 values (an error message's)."""
+    if kind == _cache._ROWS["bfloat16"]:
+        return (row.astype(np.uint32) << 16).view(np.float32)
+    return row.astype(np.float32)
+
+
+def _write_args(slots, k, v, hkv, d, num_slots):
+    """write()'s arguments: slots int64 [N]; k, v [N, Hkv, D] of one element type (_rows)."""
+    sa = _args._int_array(slots, "slots", 1)
+    (ka, kind), (va, vkind) = _rows(k, "k"), _rows(v, "v")
+    n = sa.shape[0]
+    if ka.shape != (n, hkv, d):
+        raise ValueError(f"k must have shape [N, Hkv, D] with N={n} (the slots), Hkv={hkv}, "
+                         f"D={d}; got {list(ka.shape)}")
+    if va.shape != ka.shape:
+        raise ValueError(f"v must have the shape of k, {list(ka.shape)}; got {list(va.shape)}")
+    if vkind != kind:
+        raise TypeError(f"k and v must have one dtype, got {k.dtype} and {v.dtype}")
+    over = np.flatnonzero(sa >= num_slots)
+    if over.size:
+        i = int(over[0])
+        raise ValueError(f"slots[{i}] is {int(sa[i])}, beyond the pool's "
+                         f"num_blocks * block_size = {num_slots} slots; nothing was written")
+    return sa, ka, va, kind
+
+
+def _attend_args(q, query_start, seq_lens, block_table, hkv, d):
+    """attend()'s arrays (their values are checked by the compiled pool, under its lock): q
+    [Nq, H, D] as _rows makes it and its element type; query_start [.], seq_lens [.] and
+    block_table [., .] int32 C-contiguous (a serving engine's own arrays need no copy)."""
+    qa, kind = _rows(q, "q")
+    if qa.ndim != 3 or qa.shape[2] != d or qa.shape[1] == 0:
+        raise ValueError(f"q must have shape [Nq, H, D] with D={d}, H >= 1; got "
+                         f"{list(qa.shape)}")
+    if qa.shape[1] % hkv:
+        raise ValueError(f"q has H={qa.shape[1]} query heads, not a multiple of "
+                         f"n_kv_heads={hkv}")
+    table = _args._int_array(block_table, "block_table", 2, np.int32)
+    return (qa, kind, _args._int_array(query_start, "query_start", 1, np.int32),
+            _args._int_array(seq_lens, "seq_lens", 1, np.int32), table)
+
+
+# The float32 rows an attend writes before they are narrowed into a bfloat16 / float16 out=, per
+# thread, grown as needed (a serving engine's step would otherwise fault fresh pages in).
+_scratch = threading.local()
+
+
+def _out_args(out, shape, q):
+    """(the float32 array the engine writes, the 16-bit target and its type or None, what the
+    call returns) for out= of this shape: float32 out= as _args.out_for takes it; a bfloat16 or
+    float16 one (torch, or numpy float16) C-contiguous of the shape, written by narrowing."""
+    narrow = None
+    if _args.is_torch(out) and str(out.dtype) in ("torch.bfloat16", "torch.float16"):
+        if tuple(out.shape) != tuple(shape) or not out.is_contiguous() or out.requires_grad:
+            raise ValueError(f"out must be a C-contiguous tensor of shape {list(shape)} that "
+                             f"does not require grad, got shape {list(out.shape)}")
+        narrow = _rows(out, "out")
+    elif isinstance(out, np.ndarray) and out.dtype == np.float16:
+        if out.shape != tuple(shape) or not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError(f"out must be a writable C-contiguous array of shape {list(shape)}, "
+                             f"got shape {list(out.shape)}")
+        narrow = (out, _cache._ROWS["float16"])
+    if narrow is None:
+        engine_out, result = _args.out_for(out, shape, q)
+        return engine_out, None, result
+    need = int(np.prod(shape))
+    buf = getattr(_scratch, "rows", None)
+    if buf is None or buf.size < need:
+        buf = _scratch.rows = np.empty(max(need, 2 * (0 if buf is None else buf.size)), np.float32)
+    return buf[:need].reshape(shape), narrow, out
 
 
 class PagedKVCache(_cache._Paged):
@@ -52,18 +143,20 @@ class PagedKVCache(_cache._Paged):
 
         slots: int ``[N]``, slot = ``block * block_size + offset`` (negative: skipped, as a
         serving engine's padding), each below ``num_blocks * block_size``. k, v: float ``[N,
-        n_kv_heads, head_dim]`` (numpy or torch; converted to float32). A row that is not skipped
-        and holds NaN, Inf or a value beyond +-2**64 raises ValueError naming it, and nothing is
+        n_kv_heads, head_dim]`` of one dtype (numpy or torch): float32, float16 and torch's
+        bfloat16 are read as they are, each row widened exactly as it is coded (no conversion
+        pass); other dtypes are converted to float32 first. A row that is not skipped and holds
+        NaN, Inf or a value beyond +-2**64 raises ValueError naming it, and nothing is
         written.
         """
         self._enter()
         try:
-            sa, ka, va = _args.paged_write(slots, k, v, self.n_kv_heads, self.head_dim,
+            sa, ka, va, kind = _write_args(slots, k, v, self.n_kv_heads, self.head_dim,
                                            self.num_blocks * self.block_size)
-            rc, bad = self._write(sa, ka, va)
+            rc, bad = self._write(sa, ka, va, kind)
             if rc:
                 i, head = divmod(bad, self.n_kv_heads)
-                row = (ka if rc == 1 else va)[i, head]
+                row = _values((ka if rc == 1 else va)[i, head], kind)
                 raise ValueError(_args.bad_row_message("kv"[rc - 1], row,
                                                        f"row {i}, kv head {head}")
                                  + "; nothing was written")
@@ -83,7 +176,10 @@ class PagedKVCache(_cache._Paged):
         ``seq_lens[b] - T_b + i`` and sees the positions up to itself; ``window=W`` keeps the
         last W of them (its own included) plus the first ``sinks``; ``softcap`` caps the logits
         (``softcap * tanh(logit / softcap)``); ``scale`` defaults to ``head_dim ** -0.5``.
-        Returns float32 ``[Nq, H, D]`` (into ``out`` when given; a torch tensor when q is one).
+        q: float32, float16 or torch bfloat16 as they are (widened row by row), other dtypes
+        converted to float32. Returns float32 ``[Nq, H, D]`` (a torch tensor when q is one), or
+        writes ``out``: float32, or float16 / torch bfloat16 (C-contiguous), the float32 result
+        rounded to nearest, ties to even, as torch converts.
 
         Each output has the bits a contiguous ``KVCache(..., **FORMATS["rotated"])`` holding
         the same rows gives (every tier, every thread count), within 1e-3 of float attention
@@ -94,20 +190,22 @@ class PagedKVCache(_cache._Paged):
         """
         self._enter()
         try:
-            qa, starts, lens, table = _args.paged_attend(q, query_start, seq_lens, block_table,
+            qa, kind, starts, lens, table = _attend_args(q, query_start, seq_lens, block_table,
                                                          self.n_kv_heads, self.head_dim)
             scale, q_bits, window, sinks, cap = _args.decode_options(scale, q_bits, window,
                                                                      sinks, softcap,
                                                                      self.head_dim)
-            out, result = _args.out_for(out, qa.shape, q)
-            rc, bad = self._attend(qa, out, starts, lens, table, scale, q_bits, window, sinks,
-                                   cap)
+            rows, narrow, result = _out_args(out, qa.shape, q)
+            rc, bad = self._attend(qa, kind, rows, starts, lens, table, scale, q_bits, window,
+                                   sinks, cap)
             if rc == 3:
                 raise MemoryError("attend could not allocate its workspace")
             if rc:
                 row, head = divmod(bad, qa.shape[1])
-                err = _args.decode_error(rc, head, qa[row], scale)
+                err = _args.decode_error(rc, head, _values(qa[row], kind), scale)
                 raise type(err)(f"q row {row}: {err}")
+            if narrow is not None:
+                _cache._narrow(rows, *narrow)
             return result
         finally:
             self._leave()

@@ -17,7 +17,6 @@ block's rows, and its sequence's position 0, unquantized.
 The only module of int8attn that imports vLLM (torch: this one and int8attn.hf).
 """
 import os
-import threading
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -221,8 +220,7 @@ class Int8AttnImpl(AttentionImpl[Int8AttnMetadata]):
         if kv_cache.numel() == 0:
             return
         n = slot_mapping.shape[0]
-        self.pool(kv_cache).write(slot_mapping.numpy(), _f32(key[:n], "k"),
-                                  _f32(value[:n], "v"))
+        self.pool(kv_cache).write(slot_mapping.numpy(), key[:n], value[:n])
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                 output_scale=None, output_block_scale=None):
@@ -234,14 +232,11 @@ class Int8AttnImpl(AttentionImpl[Int8AttnMetadata]):
             return output
         m = attn_metadata
         n = m.num_actual_tokens
-        out = output[:n]
-        direct = out.dtype == torch.float32 and out.is_contiguous()
-        target = out.numpy() if direct else _scratch("out", out.shape)
-        self.pool(kv_cache).attend(_f32(query[:n], "q"), m.query_start, m.seq_lens,
-                                   m.block_table, scale=self.scale, window=self.sliding_window,
-                                   softcap=self.logits_soft_cap, out=target)
-        if not direct:
-            out.copy_(torch.from_numpy(target))
+        # the model's rows as they are (float32, bfloat16, float16: widened as the engine reads
+        # them), the output narrowed into the model's own
+        self.pool(kv_cache).attend(query[:n], m.query_start, m.seq_lens, m.block_table,
+                                   scale=self.scale, window=self.sliding_window,
+                                   softcap=self.logits_soft_cap, out=output[:n])
         return output
 
 
@@ -276,33 +271,6 @@ def open_blocks(max_num_seqs, max_num_batched_tokens, block_size):
                              f"{given!r}")
         return n
     return 2 * max_num_seqs + -(-max_num_batched_tokens // block_size)
-
-
-# Float32 copies of a step's q, k, v and out under a bf16/fp16 model, in buffers kept per thread
-# and grown as needed: allocating them per layer and step cost page faults of fresh memory (a
-# batch's q is often above malloc's mmap threshold), as much as the attention itself at Gemma 3
-# 270M's shape with 32 sequences. Each is dead once the layer's call returns.
-_scratch_space = threading.local()
-
-
-def _scratch(name, shape) -> np.ndarray:
-    """A float32 C-contiguous array of `shape` (contents undefined), this thread's `name`."""
-    need = int(np.prod(shape))
-    buf = getattr(_scratch_space, name, None)
-    if buf is None or buf.size < need:
-        buf = np.empty(max(need, 2 * (0 if buf is None else buf.size)), np.float32)
-        setattr(_scratch_space, name, buf)
-    return buf[:need].reshape(shape)
-
-
-def _f32(x: torch.Tensor, name: str) -> np.ndarray:
-    """A float32 C-contiguous numpy array of a CPU tensor: a view when it already is one, else
-    a copy into this thread's scratch `name`."""
-    if x.dtype == torch.float32 and x.is_contiguous():
-        return x.numpy()
-    a = _scratch(name, tuple(x.shape))
-    torch.from_numpy(a).copy_(x)
-    return a
 
 
 def _serves(cfg):

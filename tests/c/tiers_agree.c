@@ -148,11 +148,12 @@ static size_t paged_case(const i8a_kernels *kt, size_t h, size_t hkv, size_t d,
         for (size_t pos = 0; pos < len[b]; pos++)   /* shared rows: written again, the same */
             slots[pos] = (int64_t)tables[b][pos / block_rows] * (int64_t)block_rows
                          + (int64_t)(pos % block_rows);
-        rc |= i8a_paged_write(kt, &p, slots, len[b], k + b * most * row, v + b * most * row, &bad);
+        rc |= i8a_paged_write(kt, &p, slots, len[b], k + b * most * row, v + b * most * row, I8A_F32,
+                              &bad);
         free(slots);
         seqs[b] = (i8a_paged_seq){tables[b], len[b], t[b]};
     }
-    rc |= i8a_paged_attend(kt, &p, seqs, 3, q, h, opt, 1 + len[0] % 3, out, &bad);
+    rc |= i8a_paged_attend(kt, &p, seqs, 3, q, I8A_F32, h, opt, 1 + len[0] % 3, out, &bad);
     *sum = digest(*sum, out, qrows * d * sizeof(float));
     const i8a_format f = {hkv, most, d, 8, 8, 0, 0, 0};
     i8a_buffer buf[I8A_BUFFERS];
@@ -251,7 +252,7 @@ static int open_run(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
         for (size_t pos = a; pos < z; pos++)
             slots[pos - a] = (int64_t)table0[pos / block_rows] * (int64_t)block_rows
                              + (int64_t)(pos % block_rows);
-        rc |= i8a_paged_write(kt, &p, slots, z - a, k + a * row, v + a * row, &bad);
+        rc |= i8a_paged_write(kt, &p, slots, z - a, k + a * row, v + a * row, I8A_F32, &bad);
         i8a_paged_seq seqs[2] = {{table0, z, z - a}, {table1, len1, len1 - block_rows}};
         const int with1 = a == 7;                   /* sequence 1's own rows, beside */
         if (with1) {
@@ -260,7 +261,7 @@ static int open_run(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
                                           + (int64_t)(pos - block_rows);
             rc |= i8a_paged_write(kt, &p, slots, len1 - block_rows,
                                   k + (len0 + block_rows) * row, v + (len0 + block_rows) * row,
-                                  &bad);
+                                  I8A_F32, &bad);
         }
         /* the step's queries: sequence 0's, then sequence 1's */
         float *qq = malloc((z - a + (with1 ? len1 : 0)) * h * d * sizeof(float));
@@ -269,7 +270,7 @@ static int open_run(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
             memcpy(qq + (z - a) * h * d, q + (len0 + block_rows) * h * d,
                    (len1 - block_rows) * h * d * sizeof(float));
         const size_t rows = (z - a + (with1 ? len1 - block_rows : 0)) * h;
-        rc |= i8a_paged_attend(kt, &p, seqs, with1 ? 2 : 1, qq, h, opt, 1 + done % 2,
+        rc |= i8a_paged_attend(kt, &p, seqs, with1 ? 2 : 1, qq, I8A_F32, h, opt, 1 + done % 2,
                                out + at * d, &bad);
         at += rows;
         done++;

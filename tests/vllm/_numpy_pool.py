@@ -8,6 +8,14 @@ A block's bytes: K codes int8 [bs, Hkv, D], V codes int8 [bs, Hkv, D], K scales 
 import numpy as np
 
 
+def as_f32(x):
+    """x (numpy, or a CPU torch tensor of any float dtype, as int8attn's pool takes them) as a
+    float32 numpy array."""
+    if hasattr(x, "detach"):
+        return x.detach().float().numpy()
+    return np.asarray(x, np.float32)
+
+
 class PagedKVCache:
     open_blocks = 0          # the stand-ins keep no rows in fp16 (open_blocks= is taken, unused)
 
@@ -46,8 +54,7 @@ class PagedKVCache:
 
     def write(self, slots, k, v):
         slots = np.asarray(slots, np.int64)
-        k = np.asarray(k, np.float32)
-        v = np.asarray(v, np.float32)
+        k, v = as_f32(k), as_f32(v)
         for name, x in (("k", k), ("v", v)):
             if not np.isfinite(x).all() or np.abs(x).max(initial=0) > 2.0 ** 64:
                 raise ValueError(f"{name}: a row holds NaN, Inf or a value beyond 2^64")
@@ -72,7 +79,7 @@ class PagedKVCache:
 
     def attend(self, q, query_start, seq_lens, block_table, *, scale=None, window=None,
                sinks=0, softcap=None, q_bits=16, out=None):
-        q = np.asarray(q, np.float32)
+        q = as_f32(q)
         options = dict(scale=q.shape[2] ** -0.5 if scale is None else scale, window=window,
                        sinks=sinks, softcap=softcap, q_bits=q_bits)
         if out is None:
@@ -80,7 +87,12 @@ class PagedKVCache:
         for b in range(len(seq_lens)):
             lo, hi, n = int(query_start[b]), int(query_start[b + 1]), int(seq_lens[b])
             if hi > lo:
-                out[lo:hi] = self.attend_one(q[lo:hi], block_table[b], n, **options)
+                rows = self.attend_one(q[lo:hi], block_table[b], n, **options)
+                if hasattr(out, "copy_"):      # a torch out= of the model's dtype, as the pool's
+                    import torch
+                    out[lo:hi].copy_(torch.from_numpy(np.ascontiguousarray(rows, np.float32)))
+                else:
+                    out[lo:hi] = rows
         return out
 
     def attend_one(self, q, blocks, n, *, scale, window, sinks, softcap, q_bits):
@@ -130,8 +142,8 @@ class ExactPool(PagedKVCache):
         super().write(slots, k, v)
         slots = np.asarray(slots)
         keep = slots >= 0
-        self._exact[0, slots[keep]] = np.asarray(k)[keep]
-        self._exact[1, slots[keep]] = np.asarray(v)[keep]
+        self._exact[0, slots[keep]] = as_f32(k)[keep]
+        self._exact[1, slots[keep]] = as_f32(v)[keep]
 
     def dequantize(self, blocks, length):
         pos = np.arange(length)

@@ -103,7 +103,8 @@ static void prepare_rows(const decode_job *job, size_t g, size_t r0, size_t r1)
         for (size_t j = 0; j < nq; j++) {
             const size_t r = g * L->rows + tt * nq + j;
             float tmp[I8A_MAX_HEAD_DIM], q_hat[I8A_MAX_HEAD_DIM], residual[I8A_MAX_HEAD_DIM];
-            const float *q0 = job->q + (tt * h + g * nq + j) * d;
+            float wide[I8A_MAX_HEAD_DIM];
+            const float *q0 = i8a_row_f32(job->q, tt * h + g * nq + j, d, job->q_type, wide);
             const float *qrow = maybe_rotated(kt, c, c->k_sign, q0, tmp);
             /* q_hat (prepare_q) when the row reads coded positions with K at 8 bits and
              * something shares their q (float rows, the offset); else none (K at 4 bits makes
@@ -369,19 +370,20 @@ int i8a_check_query(const float *q, size_t d, float limit)
  * order, so that *bad is the first bad row), the chunk counters and the kv heads' prepared
  * flags (the rows are prepared by the items: ensure_prepared). Returns 0, or i8a_decode's
  * codes with *bad the q row. */
-static int prepare(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t, size_t h,
-                   const i8a_options *opt, const i8a_plan L, float *out, decode_job *job,
-                   size_t *bad)
+static int prepare(const i8a_kernels *kt, i8a_cache *c, const void *q, int q_type, size_t t,
+                   size_t h, const i8a_options *opt, const i8a_plan L, float *out,
+                   decode_job *job, size_t *bad)
 {
     const size_t d = c->head_dim, hkv = c->n_kv_heads, nq = h / hkv;
     I8A_EXPECT(t >= 1 && t <= c->length && h >= hkv && h % hkv == 0);
     if (i8a_reserve_work(c, L.end) != 0)
         return 3;
-    const decode_job init = {kt, c, opt, (char *)c->work, L, t, h, nq, q, out};
+    const decode_job init = {kt, c, opt, (char *)c->work, L, t, h, nq, q, q_type, out};
     *job = init;
     const float q_limit = i8a_q_limit(opt->scale);
     for (size_t row = 0; row < t * h; row++) {
-        const int refused = i8a_check_query(q + row * d, d, q_limit);
+        float wide[I8A_MAX_HEAD_DIM];
+        const int refused = i8a_check_query(i8a_row_f32(q, row, d, q_type, wide), d, q_limit);
         if (refused) {
             *bad = row;
             return refused;
@@ -419,8 +421,8 @@ static void batch_range(void *ctx, size_t begin, size_t end, size_t after, size_
     }
 }
 
-int i8a_decode_views(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *q,
-                     size_t t, const size_t *ts, size_t h, const i8a_options *opt,
+int i8a_decode_views(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const void *q,
+                     int q_type, size_t t, const size_t *ts, size_t h, const i8a_options *opt,
                      size_t max_threads, float *out, size_t *bad, i8a_cache *owner)
 {
     I8A_EXPECT(n >= 1);
@@ -472,7 +474,8 @@ int i8a_decode_views(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, cons
         const size_t tb = ts ? ts[b] : t;
         I8A_EXPECT(cs[b]->head_dim == cs[0]->head_dim && cs[b]->n_kv_heads == cs[0]->n_kv_heads);
         const size_t at = row * cs[0]->head_dim;
-        rc = prepare(kt, cs[b], q + at, tb, h, opt, jobs[b].L, out + at, &jobs[b], bad);
+        const void *qb = (const char *)q + at * (q_type == I8A_F32 ? sizeof(float) : 2);
+        rc = prepare(kt, cs[b], qb, q_type, tb, h, opt, jobs[b].L, out + at, &jobs[b], bad);
         if (rc != 0 && rc != 3)
             *bad += row;
         row += tb * h;
@@ -502,7 +505,7 @@ int i8a_decode_batch(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, cons
                      size_t t, size_t h, const i8a_options *opt, size_t max_threads, float *out,
                      size_t *bad)
 {
-    return i8a_decode_views(kt, cs, n, q, t, NULL, h, opt, max_threads, out, bad, NULL);
+    return i8a_decode_views(kt, cs, n, q, I8A_F32, t, NULL, h, opt, max_threads, out, bad, NULL);
 }
 
 int i8a_decode(const i8a_kernels *kt, i8a_cache *c, const float *q, size_t t, size_t h,

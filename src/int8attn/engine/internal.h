@@ -47,6 +47,25 @@ static inline const float *maybe_rotated(const i8a_kernels *kt, const i8a_cache 
     return tmp;
 }
 
+/* Row i of rows of d elements of `type` (_engine.h: I8A_F32, I8A_BF16, I8A_F16) as floats:
+ * x's own row for float32, else widened into tmp [d], exactly (a half's Inf and NaN too). */
+static inline const float *i8a_row_f32(const void *x, size_t i, size_t d, int type, float *tmp)
+{
+    if (type == I8A_F32)
+        return (const float *)x + i * d;
+    const uint16_t *h = (const uint16_t *)x + i * d;
+    for (size_t j = 0; j < d; j++) {
+        uint32_t b = (uint32_t)h[j] << 16;                      /* bfloat16: the top half */
+        if (type == I8A_F16 && (h[j] & 0x7c00u) == 0x7c00u)     /* a half's Inf or NaN */
+            b = (uint32_t)(h[j] & 0x8000u) << 16 | 0x7f800000u | (uint32_t)(h[j] & 0x3ffu) << 13;
+        if (type == I8A_F16 && (h[j] & 0x7c00u) != 0x7c00u)
+            tmp[j] = i8a_half_value(h[j]);
+        else
+            memcpy(tmp + j, &b, sizeof b);
+    }
+    return tmp;
+}
+
 /* The offsets hold: decode adds them back. */
 static inline int has_offsets(const i8a_cache *c)
 {
@@ -390,7 +409,8 @@ typedef struct {
     char *base;
     i8a_plan L;
     size_t t, h, nq;
-    const float *q;         /* [t][h][d], as given (checked) */
+    const void *q;          /* [t][h][d] of q_type (_engine.h), as given (checked) */
+    int q_type;
     float *out;
 } decode_job;
 
@@ -449,12 +469,13 @@ static inline i8a_query query_at(const decode_job *job, size_t g, size_t r, size
  * to this many caches, beyond it on the heap. */
 #define I8A_BATCH_STACK 8
 
-/* i8a_decode_batch with cache b's queries t[b] (ts != NULL; else t for every cache), its q and
- * out rows after the earlier caches' t * h; with owner != NULL every cache's workspace is a
+/* i8a_decode_batch with q's elements of q_type (_engine.h: I8A_F32, I8A_BF16, I8A_F16), cache b's
+ * queries t[b] (ts != NULL; else t for every cache), its q and out rows after the earlier
+ * caches' t * h; with owner != NULL every cache's workspace is a
  * slice of the owner's one (grown here; the caches' own are not freed), as the views of a
  * paged pool decode. */
-int i8a_decode_views(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const float *q,
-                     size_t t, const size_t *ts, size_t h, const i8a_options *opt,
+int i8a_decode_views(const i8a_kernels *kt, i8a_cache *const *cs, size_t n, const void *q,
+                     int q_type, size_t t, const size_t *ts, size_t h, const i8a_options *opt,
                      size_t max_threads, float *out, size_t *bad, i8a_cache *owner);
 
 /* The workspace holds at least `bytes` (64-byte aligned): grown by half again at least, so a

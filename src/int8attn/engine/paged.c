@@ -122,21 +122,44 @@ static i8a_cache view_of(const i8a_paged *p, const int32_t *blocks, size_t lengt
     return c;
 }
 
+void i8a_narrow(const float *x, size_t n, int type, uint16_t *y)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, x + i, sizeof b);
+        const uint32_t sign = b >> 16 & 0x8000u, a = b & 0x7fffffffu;
+        if (type == I8A_BF16)                   /* the top half, rounded on the bottom one */
+            y[i] = a > 0x7f800000u ? (uint16_t)(b >> 16 | 0x40u)
+                                   : (uint16_t)((b + 0x7fffu + (b >> 16 & 1u)) >> 16);
+        else if (a > 0x7f800000u)               /* a NaN */
+            y[i] = (uint16_t)(sign | 0x7e00u);
+        else if (a >= 0x477ff000u)              /* 65520 and up round to infinity */
+            y[i] = (uint16_t)(sign | 0x7c00u);
+        else
+            y[i] = i8a_half_bits(x[i]);
+    }
+}
+
 int i8a_paged_write(const i8a_kernels *kt, i8a_paged *p, const int64_t *slots, size_t n,
-                    const float *k, const float *v, size_t *bad)
+                    const void *k, const void *v, int type, size_t *bad)
 {
     const uint64_t t0 = i8a_prof_start();
-    const size_t hkv = p->n_kv_heads, d = p->head_dim, row = hkv * d;
+    const size_t hkv = p->n_kv_heads, d = p->head_dim;
+    float kw[I8A_MAX_HEAD_DIM], vw[I8A_MAX_HEAD_DIM];   /* a row of either, as floats */
     /* every row that is written is checked before the first is (a skipped one may hold
-     * anything: vLLM's padding) */
+     * anything: vLLM's padding), in row order, k before v */
     for (size_t i = 0; i < n; i++) {
         if (slots[i] < 0)
             continue;
         I8A_EXPECT((uint64_t)slots[i] < (uint64_t)p->blocks * p->block_rows);
-        const int rc = i8a_check_rows(k + i * row, v + i * row, hkv, d, bad);
-        if (rc) {
-            *bad += i * hkv;
-            return rc;
+        for (size_t g = 0; g < hkv; g++) {
+            size_t none;
+            const int rc = i8a_check_rows(i8a_row_f32(k, i * hkv + g, d, type, kw),
+                                          i8a_row_f32(v, i * hkv + g, d, type, vw), 1, d, &none);
+            if (rc) {
+                *bad = i * hkv + g;
+                return rc;
+            }
         }
     }
     const i8a_cache pool = view_of(p, NULL, p->blocks * p->block_rows);
@@ -144,24 +167,27 @@ int i8a_paged_write(const i8a_kernels *kt, i8a_paged *p, const int64_t *slots, s
         if (slots[i] < 0)
             continue;
         const size_t pos = (size_t)slots[i];
-        for (size_t g = 0; g < hkv; g++) {
-            float tmp[I8A_MAX_HEAD_DIM];
-            int8_t vc[I8A_MAX_HEAD_DIM];
-            kt->quantize_row(maybe_rotated(kt, &pool, p->sign, k + i * row + g * d, tmp), d,
-                             k_row(&pool, g, pos), k_scale_of(&pool, g, pos));
-            kt->quantize_row(maybe_rotated(kt, &pool, p->sign, v + i * row + g * d, tmp), d, vc,
-                             v_scale_of(&pool, g, pos));
-            i8a_v_put(&pool, g, pos, vc);
-        }
-        if (p->open_cap) {          /* the halves, as the recent window keeps the row */
+        size_t at = 0;              /* with open blocks: the entry's row of the position */
+        if (p->open_cap) {
             const size_t off = pos & (p->block_rows - 1);
             if (off == 0)           /* a new first row, if the block is a first block */
                 p->first_held[pos >> p->block_shift] = 0;
-            const size_t at = open_row0(p, open_for_write(p, pos >> p->block_shift, off)) + off;
-            for (size_t g = 0; g < hkv; g++) {
+            at = open_row0(p, open_for_write(p, pos >> p->block_shift, off)) + off;
+        }
+        for (size_t g = 0; g < hkv; g++) {
+            float tmp[I8A_MAX_HEAD_DIM];
+            int8_t vc[I8A_MAX_HEAD_DIM];
+            const float *kr = i8a_row_f32(k, i * hkv + g, d, type, kw);
+            const float *vr = i8a_row_f32(v, i * hkv + g, d, type, vw);
+            kt->quantize_row(maybe_rotated(kt, &pool, p->sign, kr, tmp), d,
+                             k_row(&pool, g, pos), k_scale_of(&pool, g, pos));
+            kt->quantize_row(maybe_rotated(kt, &pool, p->sign, vr, tmp), d, vc,
+                             v_scale_of(&pool, g, pos));
+            i8a_v_put(&pool, g, pos, vc);
+            if (p->open_cap) {      /* the halves, as the recent window keeps the row */
                 const size_t r = at + g * p->block_rows;
-                p->open_ks[r] = kt->half_row(k + i * row + g * d, d, p->open_k + r * d);
-                p->open_vs[r] = kt->half_row(v + i * row + g * d, d, p->open_v + r * d);
+                p->open_ks[r] = kt->half_row(kr, d, p->open_k + r * d);
+                p->open_vs[r] = kt->half_row(vr, d, p->open_v + r * d);
             }
         }
     }
@@ -258,8 +284,8 @@ static void open_after_attend(i8a_paged *p, i8a_cache *const *views, size_t n)
 }
 
 int i8a_paged_attend(const i8a_kernels *kt, i8a_paged *p, const i8a_paged_seq *seqs, size_t n,
-                     const float *q, size_t h, const i8a_options *opt, size_t max_threads,
-                     float *out, size_t *bad)
+                     const void *q, int q_type, size_t h, const i8a_options *opt,
+                     size_t max_threads, float *out, size_t *bad)
 {
     I8A_EXPECT(n >= 1);
     const uint64_t t0 = i8a_prof_start();
@@ -300,7 +326,8 @@ int i8a_paged_attend(const i8a_kernels *kt, i8a_paged *p, const i8a_paged_seq *s
     memset(&owner, 0, sizeof owner);
     owner.work = p->work;
     owner.work_bytes = p->work_bytes;
-    const int rc = i8a_decode_views(kt, ptrs, nv, q, 0, ts, h, opt, max_threads, out, bad, &owner);
+    const int rc = i8a_decode_views(kt, ptrs, nv, q, q_type, 0, ts, h, opt, max_threads, out, bad,
+                                    &owner);
     p->work = owner.work;
     p->work_bytes = owner.work_bytes;
     if (rc == 0 && p->open_cap)
