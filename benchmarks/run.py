@@ -241,11 +241,10 @@ def print_targets(results, default_tier, contention=()):
     if mine and torch32:
         x = torch32["time"]["median"] / mine["time"]["median"]
         lines.append(("cold 8192: >= 4x faster than torch SDPA fp32", x, x >= 4))
-    for regime in ("hot", "cold"):
-        g, b = ours(8192, regime, h=32), ours(8192, regime)
-        if g and b:
-            x = g["time"]["median"] / b["time"]["median"]
-            lines.append((f"{regime} 8192: GQA 32/8 within 1.3x of 8/8", x, x <= 1.3))
+    g, b = ours(8192, "hot", h=32), ours(8192, "hot")       # from DRAM: model_targets
+    if g and b:
+        x = g["time"]["median"] / b["time"]["median"]
+        lines.append(("hot 8192: GQA 32/8 within 1.3x of 8/8", x, x <= 1.3))
     # issue 18: the 4-bit cache against the int8 one
     eight = ia.Int8KVCache(8, 8192, 128).nbytes
     four = ia.KVCache(8, 8192, 128, k_bits=4, v_bits=4).nbytes
@@ -256,15 +255,17 @@ def print_targets(results, default_tier, contention=()):
         if g and b:
             x = g["time"]["median"] / b["time"]["median"]
             lines.append((f"{regime} {s}: 4/4 at most {most}x the time of 8/8", x, x <= most))
-    lines += model_targets(results, ours)
+    lines += model_targets(results, ours, default_tier)
     if lines:
         print("\ntargets (medians of this run):")
         for text, value, ok in lines:
             print(f"  {'met ' if ok else 'MISS'}  {text}: {value:.2f}")
 
 
-def model_targets(results, ours):
-    """Issue 31's targets at the real models' shapes, each from this run's medians."""
+def model_targets(results, ours, tier):
+    """The targets at the real models' shapes (issue 31's, as issue 40 set them again for the
+    grouped heads, Gemma's probe fraction and the prefill against SDPA fp32: 3x on AMX, 2x on
+    the other tiers), each from this run's medians."""
     lines = []
 
     def time_of(r):
@@ -274,12 +275,12 @@ def model_targets(results, ours):
         g, b = ours(s, "cold", h=32), ours(s, "cold")
         if g and b:
             x = time_of(g) / time_of(b)
-            lines.append((f"cold {s}: GQA 32/8 within 1.2x of 8/8", x, x <= 1.2))
+            lines.append((f"cold {s}: GQA 32/8 within 1.3x of 8/8", x, x <= 1.3))
     for s in (1024, 4096):
         r = find(results, impl="int8attn", h=4, hkv=1, d=256, tokens=s, regime="cold", k_bits=8)
         if r:
             f = r["fraction_of_probe"]
-            lines.append((f"cold {s}: Gemma 4/1 x 256 at >= 0.85 of the probe", f, f >= 0.85))
+            lines.append((f"cold {s}: Gemma 4/1 x 256 at >= 0.6 of the probe", f, f >= 0.6))
     for s in (512, 2048):
         g = ours(s, "hot", h=32)
         peers = [find(results, impl=i, h=32, tokens=s, regime="hot", queries=1) for i in VLLM]
@@ -290,7 +291,7 @@ def model_targets(results, ours):
                           x >= 1.5))
     for (h, hkv, d), s in PREFILL:
         mine = find(results, impl="int8attn", h=h, hkv=hkv, d=d, tokens=s, queries=T, k_bits=8)
-        for impl, most in (("torch-fp32", 3), ("torch-bf16", 2)):
+        for impl, most in (("torch-fp32", 3 if tier == "amx" else 2), ("torch-bf16", 2)):
             sdpa = find(results, impl=impl, h=h, hkv=hkv, d=d, tokens=s, queries=T)
             if mine and sdpa:
                 x = time_of(sdpa) / time_of(mine)
