@@ -1,6 +1,6 @@
 """The int8attn benchmark suite: one command, one JSON report.
 
-    python benchmarks/run.py [--quick] [--out benchmarks/results/NAME.json]
+    python benchmarks/run.py [--quick | --models] [--out benchmarks/results/NAME.json]
 
 Runs every case of benchmarks/README.md (the seed's table per tier and q_bits, hot and cold regimes,
 longer contexts, GQA 32/8, thread scaling 1..N, the real models' shapes and prompt chunks, and the
@@ -77,6 +77,15 @@ def model_cases(impls):
         cases += [Case(impl, *GEMMA, s, "cold") for s in (1024, 4096)]
         cases += [Case(impl, *shape, s, "hot", queries=T) for shape, s in PREFILL]
     return cases
+
+
+def models_cases():
+    """--models: the real models' shapes, the 8/8 twins their targets compare with, and each
+    peer found at them (README's speed table and the targets at those shapes)."""
+    cases = model_cases(["int8attn"]) + [Case("int8attn", 8, 8, 128, 32768, "cold")]
+    peers = ["torch-fp32", "torch-bf16"] if _bench.torch_available() else []
+    cases += model_cases(peers + (list(VLLM) if vllm_available() else []))
+    return list(dict.fromkeys(cases))
 
 
 def full_cases():
@@ -365,19 +374,22 @@ def print_models(results, compact=False):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a subset, in well under a minute")
+    ap.add_argument("--models", action="store_true",
+                    help="only the real models' shapes and their peers (README's speed table)")
     ap.add_argument("--out", help="report path (default benchmarks/results/<time>.json)")
     ap.add_argument("--budget", type=float, help="seconds of timing per case")
     args = ap.parse_args(argv)
-    cases = quick_cases() if args.quick else full_cases()
-    budget = args.budget or (0.25 if args.quick else 1.5)
     if vllm_available():
         _bench.RUNNERS.update(dict.fromkeys(VLLM, run_vllm))
+    cases = quick_cases() if args.quick else models_cases() if args.models else full_cases()
+    budget = args.budget or (0.25 if args.quick else 1.5)
     results = _bench.run_cases(cases, budget)
-    costs = [] if args.quick else [_bench.format_cost(s, 2 * budget) for s in SEED]
+    whole = not (args.quick or args.models)
+    costs = [_bench.format_cost(s, 2 * budget) for s in SEED] if whole else []
     cpus = _bench.machine_info()["affinity_cpus"]
-    busy = range(cpus + 1) if not args.quick else (0, cpus)
+    busy = range(cpus + 1) if whole else (0, cpus) if args.quick else ()
     load = [_bench.contention(s, b, budget) for b in busy for s in (512, 8192)]
-    rep = _bench.report(results, {"quick": args.quick, "budget_s": budget})
+    rep = _bench.report(results, {"quick": args.quick, "models": args.models, "budget_s": budget})
     rep["format_cost"] = costs
     rep["contention"] = load
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
