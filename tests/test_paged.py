@@ -239,6 +239,11 @@ def test_float16_rows_are_read_as_their_values():
         pool.write(np.arange(20), k, k)
     with pytest.raises(TypeError, match="k and v must have one dtype"):
         pool.write(np.arange(20), k, k.astype(np.float32))
+    raw = np.zeros(half.nbytes + 1, np.uint8)     # a float16 out= at an odd address: refused
+    odd = np.ndarray(half.shape, np.float16, buffer=raw[1:].data)   # before the engine runs
+    with pytest.raises(ValueError, match=r"out must be a writable aligned C-contiguous array"):
+        pool.attend(q, [0, 3], [20], [[0, 1]], out=odd)
+    assert not raw.any()
 
 
 def test_bfloat16_rows_are_read_as_their_values():

@@ -12,19 +12,28 @@ from . import _args
 from . import _cache
 
 
+def _sixteen(x):
+    """A CPU torch bfloat16 / float16 tensor or a numpy float16 array as (the numpy array over
+    its memory, its _cache._ROWS type), else None; bfloat16 as its 16-bit patterns (numpy has
+    no bfloat16)."""
+    if isinstance(x, np.ndarray):
+        return (x, _cache._ROWS["float16"]) if x.dtype == np.float16 else None
+    if _args.is_torch(x) and x.device.type == "cpu":
+        if str(x.dtype) == "torch.bfloat16":
+            import torch
+            return x.detach().view(torch.int16).numpy().view(np.uint16), _cache._ROWS["bfloat16"]
+        if str(x.dtype) == "torch.float16":
+            return x.detach().numpy(), _cache._ROWS["float16"]
+    return None
+
+
 def _rows(x, name):
     """x as the engine reads it: (an aligned C-contiguous numpy array, its element type, _cache's
-    _ROWS): float32 and float16 as they are, a CPU torch bfloat16 tensor as its 16-bit patterns
-    (no conversion: the engine widens each row as it reads it), anything else as float32."""
-    if _args.is_torch(x) and x.device.type == "cpu":
-        import torch
-        if x.dtype == torch.bfloat16:
-            a = x.detach().view(torch.int16).numpy().view(np.uint16)
-            return _args.c_aligned(a), _cache._ROWS["bfloat16"]
-        if x.dtype == torch.float16:
-            return _args.c_aligned(x.detach().numpy()), _cache._ROWS["float16"]
-    elif isinstance(x, np.ndarray) and x.dtype == np.float16:
-        return _args.c_aligned(x), _cache._ROWS["float16"]
+    _ROWS): float32 and 16-bit floats (_sixteen) as they are (no conversion: the engine widens
+    each row as it reads it), anything else as float32."""
+    got = _sixteen(x)
+    if got is not None:
+        return _args.c_aligned(got[0]), got[1]
     return _args.c_aligned(_args.as_float32(x, name)), _cache._ROWS["float32"]
 
 
@@ -78,22 +87,22 @@ _scratch = threading.local()
 
 def _out_args(out, shape, q):
     """(the float32 array the engine writes, the 16-bit target and its type or None, what the
-    call returns) for out= of this shape: float32 out= as _args.out_for takes it; a bfloat16 or
-    float16 one (torch, or numpy float16) C-contiguous of the shape, written by narrowing."""
-    narrow = None
-    if _args.is_torch(out) and str(out.dtype) in ("torch.bfloat16", "torch.float16"):
-        if tuple(out.shape) != tuple(shape) or not out.is_contiguous() or out.requires_grad:
-            raise ValueError(f"out must be a C-contiguous tensor of shape {list(shape)} that "
-                             f"does not require grad, got shape {list(out.shape)}")
-        narrow = _rows(out, "out")
-    elif isinstance(out, np.ndarray) and out.dtype == np.float16:
-        if out.shape != tuple(shape) or not out.flags.c_contiguous or not out.flags.writeable:
-            raise ValueError(f"out must be a writable C-contiguous array of shape {list(shape)}, "
-                             f"got shape {list(out.shape)}")
-        narrow = (out, _cache._ROWS["float16"])
+    call returns) for out= of this shape: float32 out= as _args.out_for takes it; a 16-bit one
+    (_sixteen: torch, or numpy float16) C-contiguous of the shape, written by narrowing."""
+    narrow = None if out is None else _sixteen(out)
     if narrow is None:
         engine_out, result = _args.out_for(out, shape, q)
         return engine_out, None, result
+    a = narrow[0]
+    if _args.is_torch(out):
+        if a.shape != tuple(shape) or not (a.flags.c_contiguous and a.flags.aligned) \
+                or out.requires_grad:
+            raise ValueError(f"out must be a C-contiguous tensor of shape {list(shape)} that "
+                             f"does not require grad, got shape {list(out.shape)}")
+    elif a.shape != tuple(shape) or not (a.flags.c_contiguous and a.flags.aligned
+                                         and a.flags.writeable):
+        raise ValueError(f"out must be a writable aligned C-contiguous array of shape "
+                         f"{list(shape)}, got shape {list(a.shape)}")
     need = int(np.prod(shape))
     buf = getattr(_scratch, "rows", None)
     if buf is None or buf.size < need:

@@ -56,12 +56,15 @@ static inline const float *i8a_row_f32(const void *x, size_t i, size_t d, int ty
     const uint16_t *h = (const uint16_t *)x + i * d;
     for (size_t j = 0; j < d; j++) {
         uint32_t b = (uint32_t)h[j] << 16;                      /* bfloat16: the top half */
-        if (type == I8A_F16 && (h[j] & 0x7c00u) == 0x7c00u)     /* a half's Inf or NaN */
+        if (type == I8A_F16) {
+            if ((h[j] & 0x7c00u) != 0x7c00u) {                  /* finite: i8a_half_value */
+                tmp[j] = i8a_half_value(h[j]);
+                continue;
+            }
+            /* a half's Inf or NaN (i8a_half_value takes finite halves only) */
             b = (uint32_t)(h[j] & 0x8000u) << 16 | 0x7f800000u | (uint32_t)(h[j] & 0x3ffu) << 13;
-        if (type == I8A_F16 && (h[j] & 0x7c00u) != 0x7c00u)
-            tmp[j] = i8a_half_value(h[j]);
-        else
-            memcpy(tmp + j, &b, sizeof b);
+        }
+        memcpy(tmp + j, &b, sizeof b);
     }
     return tmp;
 }
