@@ -267,6 +267,92 @@ def test_bfloat16_rows_are_read_as_their_values():
                                   pool.attend(qs.contiguous(), [0, 3], [20], [[0, 1]]).numpy())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_a_serving_engines_tensors_take_one_compiled_call(dtype):
+    """vLLM's calls: q, k, v views of one qkv tensor (their rows strided), int64 slots with
+    padding, out= of the model's dtype with rows beyond the batch. The compiled path takes them
+    (_write_tensors, _attend_tensors say so) and gives the general path's bits (numpy float32
+    of the same values); anything else it leaves to the general path, the pool untouched."""
+    torch = pytest.importorskip("torch")
+    dt = getattr(torch, dtype)
+    rng = np.random.default_rng(11)
+    hkv, h, d, bs, n = 2, 6, 64, 16, 45         # sequences of 37 and 8 rows, 3 of padding
+    qkv = torch.from_numpy(rng.standard_normal((n + 3, (h + 2 * hkv) * d)).astype(np.float32)
+                           * 2).to(dt)
+    q, k, v = (qkv[:, a * d:b * d].view(-1, b - a, d)
+               for a, b in ((0, h), (h, h + hkv), (h + hkv, h + 2 * hkv)))
+    table = np.array([[3, 0, 5], [1, 6, -1]], np.int32)
+    starts, lens = np.array([0, 37, 45], np.int32), np.array([37, 8], np.int32)
+    slots = torch.from_numpy(np.concatenate([slots_of(table[0], 37, bs),
+                                             slots_of(table[1], 8, bs), [-1] * 3]))
+    f32 = lambda x: x.float().numpy()
+    fast, slow = (ia.PagedKVCache(hkv, d, bs, 8, open_blocks=4) for _ in range(2))
+    assert fast._write_tensors(slots, k, v)
+    slow.write(slots.numpy(), f32(k), f32(v))
+    np.testing.assert_array_equal(fast.buffer, slow.buffer)
+    for b in range(2):
+        for x, y in zip(fast.dequantize(table[b], lens[b]), slow.dequantize(table[b], lens[b])):
+            np.testing.assert_array_equal(x, y)
+    options = dict(scale=0.125, window=20, softcap=30.0)
+    want = slow.attend(f32(q[:n]), starts, lens, table, **options)
+    out = torch.full((n + 3, h, d), float("nan"), dtype=dt)
+    assert fast._attend_tensors(q[:n], starts, lens, table, *options.values(), out[:n])
+    bits = lambda x: x.view(torch.int32 if x.dtype == torch.float32 else torch.int16)
+    assert torch.equal(bits(out[:n]), bits(torch.from_numpy(want).to(dt)))
+    assert out[n:].isnan().all()
+    # the public method takes the same path (a second attend: the blocks whose last position
+    # was read are now read from their codes, in both pools)
+    want = slow.attend(f32(q[:n]), starts, lens, table, **options)
+    again = torch.empty(n, h, d, dtype=dt)
+    assert fast.attend(q[:n], starts, lens, table, out=again, **options) is again
+    assert torch.equal(bits(again), bits(torch.from_numpy(want).to(dt)))
+
+    before = fast.buffer.copy()
+    assert not fast._write_tensors(slots.numpy(), k, v)             # not torch
+    assert not fast._write_tensors(slots, k.detach().requires_grad_(), v)
+    assert not fast._write_tensors(slots.to(torch.int32), k, v)
+    assert not fast._write_tensors(slots[:-1], k, v)                # N differs
+    assert not fast._write_tensors(slots, k, v.float() if dt != torch.float32 else v.half())
+    assert not fast._write_tensors(slots, k.transpose(1, 2).contiguous().transpose(1, 2), v)
+    over = slots.clone()
+    over[5] = 8 * bs
+    assert not fast._write_tensors(over, k, v)
+    with pytest.raises(ValueError, match=r"slots\[5\] is 128, beyond the pool's"):
+        fast.write(over, k, v)
+    bad = k.clone()
+    bad[40, 1, 3] = float("inf")
+    assert not fast._write_tensors(slots, bad, v)
+    with pytest.raises(ValueError, match=r"k holds NaN or Inf.*row 40, kv head 1"):
+        fast.write(slots, bad, v)
+    fast._enter()
+    try:
+        assert not fast._write_tensors(slots, k, v)                  # busy
+        assert not fast._attend_tensors(q[:n], starts, lens, table, None, None, None, out[:n])
+    finally:
+        fast._leave()
+    np.testing.assert_array_equal(fast.buffer, before)
+    out.fill_(float("nan"))
+    for args in [(q[:n], starts, lens, table, 1, None, None, out[:n]),        # an int scale
+                 (q[:n], starts, lens, table, None, 0, None, out[:n]),        # window 0
+                 (q[:n], starts, lens, table, None, None, -1.0, out[:n]),
+                 (q[:n], starts.astype(np.int64), lens, table, None, None, None, out[:n]),
+                 (q[:n], starts, lens, table, None, None, None,            # out's rows strided
+                  out[:n].transpose(0, 1).contiguous().transpose(0, 1)),
+                 (q[:n].numpy() if dt == torch.float32 else q[:n].float().numpy(), starts, lens,
+                  table, None, None, None, out[:n])]:
+        assert not fast._attend_tensors(*args)
+    assert out.isnan().all()
+    with pytest.raises(ValueError, match=r"block_table\[1, 0\] is 9, not a block"):
+        fast._attend_tensors(q[:n], starts, lens, np.array([[3, 0, 5], [9, 6, -1]], np.int32),
+                             None, None, None, out[:n])
+    badq = q[:n].clone()
+    badq[40, 4, 0] = float("nan")
+    assert not fast._attend_tensors(badq, starts, lens, table, None, None, None, out[:n])
+    with pytest.raises(ValueError, match="q row 40"):
+        fast.attend(badq, starts, lens, table, out=out[:n])
+    assert out.isnan().all()
+
+
 BAD = [
     (dict(q=np.zeros((1, 3, 32), np.float32)), ValueError, "not a multiple of n_kv_heads=2"),
     (dict(q=np.zeros((1, 2, 16), np.float32)), ValueError, r"q must have shape \[Nq, H, D\] with D=32"),

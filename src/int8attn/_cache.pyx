@@ -7,12 +7,16 @@ argument first (``_args``, ``_rules``, ``_state``); this module passes C what th
 turns the engine's status into an exception. Private hooks for tests and benchmarks end it."""
 
 from cython.view cimport array as cvarray
-from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
-from libc.string cimport memset
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint64_t
+from libc.float cimport FLT_MAX
+from libc.math cimport sqrt
+from libc.string cimport memcpy, memset
 
 from ._capi cimport *
 
 import os
+import sys
+import threading
 
 import numpy as np
 
@@ -436,6 +440,86 @@ def _narrow(x, y, int kind):
         i8a_narrow(xp, n, kind, yp)
 
 
+# A serving engine's torch tensors, read by the pool's compiled calls (_write_tensors,
+# _attend_tensors: int8attn.vllm's calls between a model's layers, where each Python operation
+# costs microseconds of cold caches). Set at the first call that meets torch (not imported here):
+# (torch.Tensor, {its float32 / bfloat16 / float16: their _ROWS}, torch.int64).
+_TORCH = None
+
+
+cdef struct _Rows:
+    char *data                  # row 0
+    int kind                    # _ROWS
+    size_t n                    # rows
+    size_t stride               # bytes from a row to the next
+    size_t nbytes               # bytes a row's elements take
+
+
+cdef object _torch_types(x):
+    """_TORCH when x is a torch.Tensor (set at the first one), else None."""
+    global _TORCH
+    got = _TORCH
+    if got is None:
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(x, torch.Tensor):
+            return None
+        got = _TORCH = (torch.Tensor, {torch.float32: I8A_F32, torch.bfloat16: I8A_BF16,
+                                       torch.float16: I8A_F16}, torch.int64)
+    return got if type(x) is got[0] else None
+
+
+cdef bint _tensor_rows(x, size_t h, size_t d, _Rows *r) except -1:
+    """Whether x is a plain CPU torch.Tensor [N, h, d] (h 0: any H >= 1) of a row type (_ROWS)
+    that needs no grad, each of its N rows' H * d elements contiguous (strides (s, d, 1)) at
+    their alignment; *r its rows."""
+    tt = _torch_types(x)
+    if tt is None or not x.is_cpu or x.requires_grad:
+        return False
+    kind = tt[1].get(x.dtype)
+    shape = x.shape
+    if kind is None or len(shape) != 3 or shape[2] != d or shape[1] < 1 or (h and shape[1] != h):
+        return False
+    st = x.stride()
+    cdef size_t item = 4 if kind == I8A_F32 else 2, n = shape[0], hh = shape[1]
+    cdef size_t at = x.data_ptr()
+    if st[2] != 1 or (hh > 1 and st[1] != d) or (n > 1 and st[0] < hh * d) or at % item:
+        return False
+    r.data, r.kind, r.n = <char *>at, kind, n
+    r.stride, r.nbytes = (st[0] if n > 1 else hh * d) * item, hh * d * item
+    return True
+
+
+cdef const char *_packed(const _Rows *r, char *scratch) noexcept nogil:
+    """r's rows one after the other: r's own memory when they are, else copied into scratch
+    (r.n * r.nbytes bytes)."""
+    if r.stride == r.nbytes:
+        return r.data
+    cdef size_t i
+    for i in range(r.n):
+        memcpy(scratch + i * r.nbytes, r.data + i * r.stride, r.nbytes)
+    return scratch
+
+
+_local = threading.local()
+
+
+cdef char *_scratch(size_t nbytes) except NULL:
+    """nbytes at a 64-byte boundary, the calling thread's and kept for its next call (a serving
+    engine's step would otherwise fault fresh pages in), valid until its next _scratch."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or <size_t>buf.nbytes < nbytes + 64:
+        buf = np.empty(max(nbytes + 64, 0 if buf is None else 2 * <size_t>buf.nbytes), np.uint8)
+        _local.buf, _local.at = buf, (<size_t>_ptr(buf) + 63) & ~(<size_t>63)
+    return <char *><size_t>_local.at
+
+
+def _scratch_rows(shape):
+    """A float32 array of this shape over the calling thread's scratch (_scratch)."""
+    n = int(np.prod(shape))
+    cdef size_t at = <size_t>_scratch(4 * n)
+    return _local.buf[at - <size_t>_ptr(_local.buf):][:4 * n].view(np.float32).reshape(shape)
+
+
 def _paged_block_bytes(size_t n_kv_heads, size_t head_dim, size_t block_size):
     """Bytes a block of a pool (i8a_paged_block_bytes), 0 when they do not fit a size_t."""
     return i8a_paged_block_bytes(n_kv_heads, head_dim, block_size)
@@ -586,6 +670,58 @@ cdef class _Paged:
             rc = i8a_paged_write(i8a_load_tier(&_kt), &self._p, sp, n, kp, vp, kind, &bad)
         return rc, bad
 
+    cdef object _batch(self, starts, lens, table, size_t nq, i8a_paged_seq *few,
+                       i8a_paged_seq **sp, size_t *ns):
+        """The sequences of attend()'s batch with queries, checked as they are read (ValueError
+        naming the first entry that does not fit): starts [B + 1], lens [B], table [B,
+        max_blocks] int32 C-contiguous, nq the rows of q. *sp is `few` (16 entries) or an
+        array the returned object keeps alive with the table's view (hold it for the call)."""
+        cdef const int32_t[::1] smv = starts
+        cdef const int32_t[::1] lmv = lens
+        cdef const int32_t[:, ::1] tmv = table
+        cdef size_t nb = lmv.shape[0], width = tmv.shape[1]
+        cdef size_t rows = self._p.block_rows, blocks = self._p.blocks, b, j, need
+        cdef int64_t t
+        if <size_t>smv.shape[0] != nb + 1:
+            raise ValueError(f"query_start must have B + 1 = {nb + 1} entries (seq_lens has "
+                             f"B={nb}), got {smv.shape[0]}")
+        if <size_t>tmv.shape[0] != nb:
+            raise ValueError(f"block_table must have B={nb} rows (seq_lens has B), got "
+                             f"{tmv.shape[0]}")
+        if smv[0] != 0 or <size_t>smv[nb] != nq:
+            raise ValueError(f"query_start must start at 0 and end at Nq={nq} (the rows of q); "
+                             f"got {smv[0]} .. {smv[nb]}")
+        seqs = None
+        sp[0] = few
+        if nb > 16:
+            seqs = np.empty(nb * sizeof(i8a_paged_seq), np.uint8)
+            sp[0] = <i8a_paged_seq *>_ptr(seqs)
+        ns[0] = 0
+        for b in range(nb):
+            t = <int64_t>smv[b + 1] - smv[b]
+            if t < 0:
+                raise ValueError(f"query_start must never decrease; query_start[{b + 1}] = "
+                                 f"{smv[b + 1]} < query_start[{b}] = {smv[b]}")
+            if lmv[b] < t:
+                raise ValueError(f"seq_lens[{b}] is {lmv[b]}, fewer than the request's {t} "
+                                 f"queries (query_start[{b + 1}] - query_start[{b}]): its "
+                                 f"queries are its last positions")
+            if t == 0:
+                continue
+            need = (<size_t>lmv[b] + rows - 1) // rows
+            if need > width:
+                raise ValueError(f"seq_lens[{b}] = {lmv[b]} needs {need} blocks of {rows}, but "
+                                 f"block_table has {width} columns")
+            for j in range(need):
+                if tmv[b, j] < 0 or <size_t>tmv[b, j] >= blocks:
+                    raise ValueError(f"block_table[{b}, {j}] is {tmv[b, j]}, not a block of the "
+                                     f"pool (0 .. {blocks - 1})")
+            sp[0][ns[0]].blocks = &tmv[b, 0]
+            sp[0][ns[0]].length = lmv[b]
+            sp[0][ns[0]].t = t
+            ns[0] += 1
+        return tmv, seqs
+
     def _attend(self, qa, int kind, out, starts, lens, table, float scale, int q_bits,
                 size_t window, size_t sinks, float softcap):
         """One i8a_paged_attend of the batch attend() describes: qa, out [Nq, H, D] float32
@@ -608,49 +744,10 @@ cdef class _Paged:
                 and scale > 0 and q_bits in (8, 16) and (sinks == 0 or sinks <= window)):
             raise ValueError("_attend: q, out or the options do not fit the pool (see attend)")
         cdef const void *qp = _ptr(qa)
-        cdef const int32_t[::1] smv = starts
-        cdef const int32_t[::1] lmv = lens
-        cdef const int32_t[:, ::1] tmv = table
-        cdef size_t nb = lmv.shape[0], width = tmv.shape[1], bad = 0
-        cdef size_t rows = self._p.block_rows, blocks = self._p.blocks, ns = 0, b, j, need
-        cdef int64_t t
-        if <size_t>smv.shape[0] != nb + 1:
-            raise ValueError(f"query_start must have B + 1 = {nb + 1} entries (seq_lens has "
-                             f"B={nb}), got {smv.shape[0]}")
-        if <size_t>tmv.shape[0] != nb:
-            raise ValueError(f"block_table must have B={nb} rows (seq_lens has B), got "
-                             f"{tmv.shape[0]}")
-        if smv[0] != 0 or <size_t>smv[nb] != nq:
-            raise ValueError(f"query_start must start at 0 and end at Nq={nq} (the rows of q); "
-                             f"got {smv[0]} .. {smv[nb]}")
         cdef i8a_paged_seq few[16]              # a batch of up to 16: no allocation
         cdef i8a_paged_seq *sp = few
-        if nb > 16:
-            seqs = np.empty(nb * sizeof(i8a_paged_seq), np.uint8)
-            sp = <i8a_paged_seq *>_ptr(seqs)
-        for b in range(nb):
-            t = <int64_t>smv[b + 1] - smv[b]
-            if t < 0:
-                raise ValueError(f"query_start must never decrease; query_start[{b + 1}] = "
-                                 f"{smv[b + 1]} < query_start[{b}] = {smv[b]}")
-            if lmv[b] < t:
-                raise ValueError(f"seq_lens[{b}] is {lmv[b]}, fewer than the request's {t} "
-                                 f"queries (query_start[{b + 1}] - query_start[{b}]): its "
-                                 f"queries are its last positions")
-            if t == 0:
-                continue
-            need = (<size_t>lmv[b] + rows - 1) // rows
-            if need > width:
-                raise ValueError(f"seq_lens[{b}] = {lmv[b]} needs {need} blocks of {rows}, but "
-                                 f"block_table has {width} columns")
-            for j in range(need):
-                if tmv[b, j] < 0 or <size_t>tmv[b, j] >= blocks:
-                    raise ValueError(f"block_table[{b}, {j}] is {tmv[b, j]}, not a block of the "
-                                     f"pool (0 .. {blocks - 1})")
-            sp[ns].blocks = &tmv[b, 0]
-            sp[ns].length = lmv[b]
-            sp[ns].t = t
-            ns += 1
+        cdef size_t ns = 0, bad = 0
+        keep = self._batch(starts, lens, table, nq, few, &sp, &ns)
         if ns == 0:
             return 0, 0
         cdef i8a_options opt
@@ -661,6 +758,111 @@ cdef class _Paged:
             rc = i8a_paged_attend(i8a_load_tier(&_kt), &self._p, sp, ns, qp, kind, h, &opt,
                                   i8a_load_size(&_threads), &omv[0, 0, 0], &bad)
         return rc, bad
+
+    def _write_tensors(self, slots, k, v):
+        """write() of a serving engine's tensors in one compiled call: slots a CPU torch int64
+        [N] (contiguous), k and v [N, Hkv, D] of one row type (_tensor_rows). True when
+        written; False, the pool unchanged, when the arguments are anything else, the pool is
+        busy or a row is refused (write's general path then takes them, and raises)."""
+        cdef _Rows kr, vr
+        cdef size_t hkv = self._p.n_kv_heads, d = self._p.head_dim, n, i, bad = 0
+        cdef uint64_t limit = <uint64_t>self._p.blocks * self._p.block_rows
+        if not (_tensor_rows(k, hkv, d, &kr) and _tensor_rows(v, hkv, d, &vr)
+                and kr.kind == vr.kind and kr.n == vr.n):
+            return False
+        tt = _TORCH
+        n = kr.n
+        if not (type(slots) is tt[0] and slots.dtype is tt[2] and slots.is_cpu
+                and slots.shape == (n,) and (n < 2 or slots.stride(0) == 1)):
+            return False
+        if n == 0 or not i8a_try_acquire(&self._busy):
+            return False
+        cdef int rc = 1
+        cdef const char *kp
+        cdef const char *vp
+        cdef int64_t *sp
+        cdef char *scratch
+        try:
+            # the slots copied before they are checked (the engine reads what was checked)
+            scratch = _scratch(8 * n + 2 * n * kr.nbytes + 64)
+            sp = <int64_t *>scratch
+            memcpy(sp, <const void *><size_t>slots.data_ptr(), 8 * n)
+            for i in range(n):
+                if sp[i] >= 0 and <uint64_t>sp[i] >= limit:
+                    return False
+            with nogil:
+                kp = _packed(&kr, scratch + 8 * n)
+                vp = _packed(&vr, scratch + 8 * n + n * kr.nbytes)
+                rc = i8a_paged_write(i8a_load_tier(&_kt), &self._p, sp, n, kp, vp, kr.kind,
+                                     &bad)
+            return rc == 0
+        finally:
+            i8a_release(&self._busy)
+
+    def _attend_tensors(self, q, starts, lens, table, scale, window, softcap, out):
+        """attend() of a serving engine's call in one compiled call: q a CPU torch tensor [Nq,
+        H, D] (_tensor_rows), out one of its shape, C-contiguous, of any row type; starts,
+        lens, table int32 numpy arrays, C-contiguous (int8attn.vllm's metadata); scale a
+        float (None: D ** -0.5), window None or an int, softcap None or a float, no sinks, q
+        as it is (q_bits 16). True when out holds the attention; False, out and the pool
+        untouched, when the arguments are anything else (attend's general path checks them:
+        _args.decode_options), the pool is busy or a q row is refused. A batch that does not
+        fit the pool raises ValueError as attend does."""
+        cdef _Rows qr, orr
+        cdef size_t d = self._p.head_dim, hkv = self._p.n_kv_heads, h, nq, ns = 0, bad = 0
+        cdef double sc, cap = 0.0
+        cdef size_t win = 0
+        if not (_tensor_rows(q, 0, d, &qr) and _tensor_rows(out, 0, d, &orr)
+                and out.shape == q.shape and orr.stride == orr.nbytes):
+            return False
+        h, nq = q.shape[1], qr.n
+        if h % hkv or not all(type(a) is np.ndarray and a.dtype == np.int32
+                              and a.flags.c_contiguous for a in (starts, lens, table)) \
+                or starts.ndim != 1 or lens.ndim != 1 or table.ndim != 2:
+            return False
+        if scale is None:
+            sc = 1.0 / sqrt(<double>d)
+        elif type(scale) is float and 0.0 < scale <= FLT_MAX and <float>scale > 0:
+            sc = scale
+        else:
+            return False
+        if window is not None:
+            if not (type(window) is int and 1 <= window <= (1 << 62)):
+                return False
+            win = window
+        if softcap is not None:
+            if not (type(softcap) is float
+                    and F.SOFTCAP_RANGE[0] <= softcap <= F.SOFTCAP_RANGE[1]):
+                return False
+            cap = softcap
+        if not i8a_try_acquire(&self._busy):
+            return False
+        cdef i8a_paged_seq few[16]              # a batch of up to 16: no allocation
+        cdef i8a_paged_seq *sp = few
+        cdef i8a_options opt
+        cdef int rc = 0
+        cdef const char *qp
+        cdef float *rows
+        cdef char *scratch
+        try:
+            keep = self._batch(starts, lens, table, nq, few, &sp, &ns)
+            if ns == 0:
+                return True
+            scratch = _scratch(nq * qr.nbytes + nq * h * d * 4 + 64)
+            rows = (<float *>orr.data if orr.kind == I8A_F32
+                    else <float *>(scratch + ((nq * qr.nbytes + 63) & ~(<size_t>63))))
+            opt.scale, opt.q_bits, opt.window, opt.sinks, opt.softcap = sc, 16, win, 0, cap
+            with nogil:
+                qp = _packed(&qr, scratch)
+                rc = i8a_paged_attend(i8a_load_tier(&_kt), &self._p, sp, ns, qp, qr.kind, h,
+                                      &opt, i8a_load_size(&_threads), rows, &bad)
+                if rc == 0 and orr.kind != I8A_F32:
+                    i8a_narrow(rows, nq * h * d, orr.kind, <uint16_t *>orr.data)
+            if rc == 3:
+                raise MemoryError("attend could not allocate its workspace")
+            return rc == 0
+        finally:
+            i8a_release(&self._busy)
 
     def _dequantize(self, blocks, size_t length):
         """k, v [length, Hkv, D] float32 of the sequence whose blocks (int32, C-contiguous,

@@ -4,8 +4,6 @@ contiguous cache's kernels with the same contract. Python over the compiled pool
 every method takes the pool's busy flag before it reads an argument, converts and checks them
 (``_args``), makes one engine call and drops the flag."""
 
-import threading
-
 import numpy as np
 
 from . import _args
@@ -80,11 +78,6 @@ def _attend_args(q, query_start, seq_lens, block_table, hkv, d):
             _args._int_array(seq_lens, "seq_lens", 1, np.int32), table)
 
 
-# The float32 rows an attend writes before they are narrowed into a bfloat16 / float16 out=, per
-# thread, grown as needed (a serving engine's step would otherwise fault fresh pages in).
-_scratch = threading.local()
-
-
 def _out_args(out, shape, q):
     """(the float32 array the engine writes, the 16-bit target and its type or None, what the
     call returns) for out= of this shape: float32 out= as _args.out_for takes it; a 16-bit one
@@ -103,11 +96,7 @@ def _out_args(out, shape, q):
                                          and a.flags.writeable):
         raise ValueError(f"out must be a writable aligned C-contiguous array of shape "
                          f"{list(shape)}, got shape {list(a.shape)}")
-    need = int(np.prod(shape))
-    buf = getattr(_scratch, "rows", None)
-    if buf is None or buf.size < need:
-        buf = _scratch.rows = np.empty(max(need, 2 * (0 if buf is None else buf.size)), np.float32)
-    return buf[:need].reshape(shape), narrow, out
+    return _cache._scratch_rows(shape), narrow, out
 
 
 class PagedKVCache(_cache._Paged):
@@ -158,6 +147,8 @@ class PagedKVCache(_cache._Paged):
         NaN, Inf or a value beyond +-2**64 raises ValueError naming it, and nothing is
         written.
         """
+        if self._write_tensors(slots, k, v):    # a serving engine's tensors: one compiled call
+            return
         self._enter()
         try:
             sa, ka, va, kind = _write_args(slots, k, v, self.n_kv_heads, self.head_dim,
@@ -197,6 +188,10 @@ class PagedKVCache(_cache._Paged):
         the other rows' codes, with the same bits however a sequence's tokens were split into
         calls (given entries enough).
         """
+        if (out is not None and not sinks and q_bits == 16
+                and self._attend_tensors(q, query_start, seq_lens, block_table, scale, window,
+                                         softcap, out)):
+            return out                          # a serving engine's call: one compiled call
         self._enter()
         try:
             qa, kind, starts, lens, table = _attend_args(q, query_start, seq_lens, block_table,

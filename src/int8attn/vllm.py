@@ -179,8 +179,9 @@ class Int8AttnImpl(AttentionImpl[Int8AttnMetadata]):
             _refuse("num_heads", f"a multiple of num_kv_heads ({num_kv_heads})", num_heads)
         self.num_heads, self.head_size, self.num_kv_heads = num_heads, head_size, num_kv_heads
         self.scale = float(scale)
-        self.sliding_window = sliding_window
-        self.logits_soft_cap = logits_soft_cap or None
+        # as the pool's compiled call takes them (an int window, a float softcap)
+        self.sliding_window = None if sliding_window is None else int(sliding_window)
+        self.logits_soft_cap = float(logits_soft_cap) if logits_soft_cap else None
         self.kv_cache_dtype = kv_cache_dtype
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
@@ -220,7 +221,10 @@ class Int8AttnImpl(AttentionImpl[Int8AttnMetadata]):
         if kv_cache.numel() == 0:
             return
         n = slot_mapping.shape[0]
-        self.pool(kv_cache).write(slot_mapping.numpy(), key[:n], value[:n])
+        if key.shape[0] != n:
+            key, value = key[:n], value[:n]
+        # vLLM's tensors as they are: the pool reads them in one compiled call
+        self.pool(kv_cache).write(slot_mapping, key, value)
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                 output_scale=None, output_block_scale=None):
@@ -232,11 +236,12 @@ class Int8AttnImpl(AttentionImpl[Int8AttnMetadata]):
             return output
         m = attn_metadata
         n = m.num_actual_tokens
+        q, out = (query, output) if query.shape[0] == n else (query[:n], output[:n])
         # the model's rows as they are (float32, bfloat16, float16: widened as the engine reads
-        # them), the output narrowed into the model's own
-        self.pool(kv_cache).attend(query[:n], m.query_start, m.seq_lens, m.block_table,
+        # them), the output narrowed into the model's own, in one compiled call
+        self.pool(kv_cache).attend(q, m.query_start, m.seq_lens, m.block_table,
                                    scale=self.scale, window=self.sliding_window,
-                                   softcap=self.logits_soft_cap, out=output[:n])
+                                   softcap=self.logits_soft_cap, out=out)
         return output
 
 
