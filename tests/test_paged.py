@@ -163,6 +163,58 @@ def test_negative_slots_are_skipped_and_a_bad_row_writes_nothing():
     assert not np.array_equal(pool.buffer, before)
 
 
+@pytest.mark.parametrize("open_blocks", [0, 6])
+def test_a_long_write_on_threads_is_the_rows_written_one_by_one(open_blocks):
+    # 700 rows of 4 kv heads (the write's K and V sides run on the threads): 668 in shuffled
+    # slots of blocks 0-22, where slot 50 is given three times and 300 twice (each ends as its
+    # last row) and two rows are skipped, then block 23 in order (its halves then read by the
+    # attend, with open blocks)
+    rng = np.random.default_rng(12)
+    hkv, d, bs, n = 4, 64, 32, 700
+    slots = np.concatenate([rng.permutation(23 * bs)[:n - bs], 23 * bs + np.arange(bs)])
+    slots[[10, 400, 650]] = 50
+    slots[[20, 30]] = 300
+    slots[[5, 600]] = -1
+    k, v = rng.standard_normal((2, n, hkv, d)).astype(np.float32)
+    pools = [ia.PagedKVCache(hkv, d, bs, 24, open_blocks=open_blocks) for _ in range(3)]
+    before = ia.get_num_threads()
+    try:
+        for pool, threads in zip(pools, (2, 1)):
+            ia.set_num_threads(threads)
+            pool.write(slots, k, v)
+        for i in range(n):
+            pools[2].write(slots[i:i + 1], k[i:i + 1], v[i:i + 1])
+    finally:
+        ia.set_num_threads(before)
+    for pool in pools[1:]:
+        np.testing.assert_array_equal(pools[0].buffer, pool.buffer)
+    # refused rows, checked on the threads: the first in row order is named, nothing written
+    before_write = pools[0].buffer.copy()
+    bad_k, bad_v = k.copy(), v.copy()
+    bad_v[650, 3, 9] = np.inf
+    bad_k[651, 0, 0] = np.nan
+    bad_k[690, 1, 5] = 1e30
+    try:
+        ia.set_num_threads(2)
+        with pytest.raises(ValueError, match=r"v holds .*row 650, kv head 3.*nothing was written"):
+            pools[0].write(slots, bad_k, bad_v)
+    finally:
+        ia.set_num_threads(before)
+    np.testing.assert_array_equal(pools[0].buffer, before_write)
+    table = np.arange(24, dtype=np.int32)
+    kd, _ = pools[0].dequantize(table, 23 * bs)
+    signs = R.rotation_signs(d, 0)
+    for s in (50, 300):             # the slot's last row
+        last = max(i for i in range(n) if slots[i] == s)
+        codes, scale = R.quantize_rows(R.rotate(k[last], signs))
+        want = R.rotate(codes * scale[..., None], signs, inverse=True)
+        np.testing.assert_allclose(kd[s], want, rtol=0, atol=1e-5 * np.abs(k[last]).max())
+    q = rng.standard_normal((1, 8, d)).astype(np.float32)
+    outs = [p.attend(q, np.array([0, 1], np.int32), np.array([24 * bs], np.int32), table[None])
+            for p in pools[:2]]
+    np.testing.assert_array_equal(outs[0].view(np.int32), outs[1].view(np.int32))
+
+
 def test_a_given_buffer_is_the_pools_memory():
     rng = np.random.default_rng(2)
     bb = ia.PagedKVCache.bytes_per_block(2, 64, 32)

@@ -667,7 +667,8 @@ cdef class _Paged:
         cdef const void *vp = _ptr(va)
         cdef int rc
         with nogil:
-            rc = i8a_paged_write(i8a_load_tier(&_kt), &self._p, sp, n, kp, vp, kind, &bad)
+            rc = i8a_paged_write(i8a_load_tier(&_kt), &self._p, sp, n, kp, vp, kind,
+                                 i8a_load_size(&_threads), &bad)
         return rc, bad
 
     cdef object _batch(self, starts, lens, table, size_t nq, i8a_paged_seq *few,
@@ -794,7 +795,7 @@ cdef class _Paged:
                 kp = _packed(&kr, scratch + 8 * n)
                 vp = _packed(&vr, scratch + 8 * n + n * kr.nbytes)
                 rc = i8a_paged_write(i8a_load_tier(&_kt), &self._p, sp, n, kp, vp, kr.kind,
-                                     &bad)
+                                     i8a_load_size(&_threads), &bad)
             return rc == 0
         finally:
             i8a_release(&self._busy)

@@ -168,7 +168,8 @@ cdef extern from "_engine.h" nogil:
     enum: I8A_F32, I8A_BF16, I8A_F16
     void i8a_narrow(const float *x, size_t n, int type, uint16_t *y)
     int i8a_paged_write(const i8a_kernels *kt, i8a_paged *p, const int64_t *slots,
-                        size_t n, const void *k, const void *v, int type, size_t *bad)
+                        size_t n, const void *k, const void *v, int type, size_t max_threads,
+                        size_t *bad)
     int i8a_paged_attend(const i8a_kernels *kt, i8a_paged *p, const i8a_paged_seq *seqs,
                          size_t n, const void *q, int q_type, size_t h, const i8a_options *opt,
                          size_t max_threads, float *out, size_t *bad)

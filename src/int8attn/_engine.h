@@ -398,12 +398,15 @@ void i8a_narrow(const float *x, size_t n, int type, uint16_t *y);
 /* Write n rows by slot: row i of k and of v ([n][hkv][d] each, elements of `type`: I8A_F32,
  * I8A_BF16 or I8A_F16) becomes the position slots[i] % block_rows of block slots[i] /
  * block_rows, coded as i8a_append codes a row of the rotated format (with open blocks, also as
- * halves in its block's entry); a negative slot is skipped. Every other slot must be below
- * blocks * block_rows. Returns 0, or with the pool unchanged 1 / 2 when a row of k / v that is
- * not skipped holds a NaN, an Inf or a value beyond +-I8A_VALUE_MAX, *bad = i * hkv + head of
- * the first (row order, k before v). */
+ * halves in its block's entry); a negative slot is skipped, a slot given twice holds its last
+ * row. Every other slot must be below blocks * block_rows. The rows split over at most
+ * max_threads threads (>= 1) when there are enough of them, no slot is given twice and no
+ * open entry changes block within the call; the bits are those of one row at a time. Returns
+ * 0, or with the pool unchanged 1 / 2 when a row of k / v that is not skipped holds a NaN, an
+ * Inf or a value beyond +-I8A_VALUE_MAX, *bad = i * hkv + head of the first (row order, k
+ * before v). */
 int i8a_paged_write(const i8a_kernels *kt, i8a_paged *p, const int64_t *slots, size_t n,
-                    const void *k, const void *v, int type, size_t *bad);
+                    const void *k, const void *v, int type, size_t max_threads, size_t *bad);
 
 /* One sequence of a paged attend. */
 typedef struct {

@@ -525,6 +525,32 @@ static size_t run_float(const i8a_kernels *kt, const void *p, unsigned char *out
             exit(1);
         }
     }
+    /* rows that see fewer rows (w.seen, a prefill's positions in one block): each row is the
+     * row alone over its first seen[h] rows (the tier's own bits; the digest holds them) */
+    if (in->nq > 1) {
+        size_t *seen = xmalloc(in->nq * sizeof *seen);
+        for (size_t h = 0; h < in->nq; h++)
+            seen[h] = 1 + (h * 7 + in->w.n / 2) % in->w.n;
+        float *mlo = xmalloc((2 + in->d) * in->nq * sizeof(float));
+        const i8a_state part = {mlo, mlo + in->nq, mlo + 2 * in->nq};
+        i8a_float_rows w = in->w;
+        w.seen = seen;
+        kt->attend_float(in->q, in->nq, &w, in->d, in->cap, logit, &part);
+        for (size_t h = 0; h < in->nq; h++) {
+            i8a_float_rows first = in->w;
+            first.n = seen[h];
+            const i8a_state alone = {one, one + 1, one + 2};
+            kt->attend_float(in->q + h * in->d, 1, &first, in->d, in->cap, logit, &alone);
+            if (memcmp(one, part.m + h, sizeof(float)) || memcmp(one + 1, part.l + h, sizeof(float))
+                || memcmp(one + 2, part.o + h * in->d, in->d * sizeof(float))) {
+                fprintf(stderr, "FAIL attend_float %s: row %zu of %zu over its %zu of %zu rows "
+                        "differs from the row alone\n", kt->name, h, in->nq, seen[h], in->w.n);
+                exit(1);
+            }
+        }
+        free(mlo);
+        free(seen);
+    }
     free(one);
     free(logit);
     return (2 + in->d) * in->nq * sizeof(float);
@@ -556,7 +582,7 @@ static void float_cases(void)
                 }
                 const float_in in = {q, nq,
                                      {(const uint16_t *const *)k, (const uint16_t *const *)v,
-                                      k_scale, v_scale, n},
+                                      k_scale, v_scale, n, NULL},
                                      d,
                                      cap ? 15.0f : 0.0f};
                 char what[64];

@@ -149,7 +149,7 @@ static size_t paged_case(const i8a_kernels *kt, size_t h, size_t hkv, size_t d,
             slots[pos] = (int64_t)tables[b][pos / block_rows] * (int64_t)block_rows
                          + (int64_t)(pos % block_rows);
         rc |= i8a_paged_write(kt, &p, slots, len[b], k + b * most * row, v + b * most * row, I8A_F32,
-                              &bad);
+                              1 + (size_t)b, &bad);
         free(slots);
         seqs[b] = (i8a_paged_seq){tables[b], len[b], t[b]};
     }
@@ -252,7 +252,8 @@ static int open_run(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
         for (size_t pos = a; pos < z; pos++)
             slots[pos - a] = (int64_t)table0[pos / block_rows] * (int64_t)block_rows
                              + (int64_t)(pos % block_rows);
-        rc |= i8a_paged_write(kt, &p, slots, z - a, k + a * row, v + a * row, I8A_F32, &bad);
+        rc |= i8a_paged_write(kt, &p, slots, z - a, k + a * row, v + a * row, I8A_F32, 2,
+                              &bad);
         i8a_paged_seq seqs[2] = {{table0, z, z - a}, {table1, len1, len1 - block_rows}};
         const int with1 = a == 7;                   /* sequence 1's own rows, beside */
         if (with1) {
@@ -261,7 +262,7 @@ static int open_run(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
                                           + (int64_t)(pos - block_rows);
             rc |= i8a_paged_write(kt, &p, slots, len1 - block_rows,
                                   k + (len0 + block_rows) * row, v + (len0 + block_rows) * row,
-                                  I8A_F32, &bad);
+                                  I8A_F32, 3, &bad);
         }
         /* the step's queries: sequence 0's, then sequence 1's */
         float *qq = malloc((z - a + (with1 ? len1 : 0)) * h * d * sizeof(float));

@@ -268,20 +268,23 @@ typedef void (*i8a_attend_fn)(const i8a_query *q, const i8a_span *kv, float *scr
  * b = exp(cm - m). d a multiple of 16, at most I8A_MAX_HEAD_DIM. */
 typedef void (*i8a_merge_fn)(const i8a_state *run, const i8a_state *chunk, size_t d);
 
-/* The recent window's rows as attend_float reads them: n rows [d] of IEEE halves (k[j], v[j],
- * in position order) and each row's scale, a power of two (k_scale[j], v_scale[j]): the row is
- * h * scale. */
+/* The recent window's rows as attend_float reads them: n rows [d] of finite IEEE halves (k[j],
+ * v[j], in position order) and each row's scale, a power of two (k_scale[j], v_scale[j]): the
+ * row is h * scale. seen (NULL: every query row sees all n): query row r sees rows [0,
+ * seen[r]), 1 <= seen[r] <= n (a prefill's positions in one block, each one row further). */
 typedef struct {
     const uint16_t *const *k, *const *v;
     const float *k_scale, *v_scale;
     size_t n;
+    const size_t *seen;
 } i8a_float_rows;
 
 /* The states of nq query rows over the recent window's rows (the contract's recent-window step,
  * i8a_attend_float_body in window/scalar.h), each row as if alone: q [nq][d] the queries times
- * the softmax scale, all seeing the same rows w; cap > 0 the soft cap (0: off). Writes out->m
- * [nq], out->l [nq], out->o [nq][d], and logit [I8A_WIN_HEADS * n] as scratch. 1 <= nq, 1 <=
- * w->n, d a multiple of 16, at most I8A_MAX_HEAD_DIM; out->o must not overlap the rows. */
+ * the softmax scale, each seeing its rows of w (w->seen); cap > 0 the soft cap (0: off).
+ * Writes out->m [nq], out->l [nq], out->o [nq][d], and logit [I8A_WIN_HEADS * n] as scratch.
+ * 1 <= nq, 1 <= w->n, d a multiple of 16, at most I8A_MAX_HEAD_DIM; out->o must not overlap
+ * the rows. */
 typedef void (*i8a_attend_float_fn)(const float *q, size_t nq, const i8a_float_rows *w, size_t d,
                                     float cap, float *logit, const i8a_state *out);
 

@@ -34,27 +34,49 @@ size_t i8a_window_scratch_bytes(size_t recent)
     return WIN_END(recent);     /* recent <= I8A_RECENT_MAX: at most 40 KiB and change */
 }
 
-/* The states of query rows [r, r + nq) of kv head g (one query position's heads: they see the
- * same positions, vis) over the positions of the recent window they see, from its halves (the
- * tier's attend_float, which widens each row once for the heads); each o is then rotated into
- * the stored space, minus l * v_offset when `off` (as the coded rows' states are). scratch:
+/* Whether query row r's output takes the V offset back: the cache's offsets hold and the row
+ * saw coded positions (its window's state is taken minus l * v_offset to match). */
+static int row_offset(const i8a_cache *c, const visible_ranges *vis)
+{
+    return has_offsets(c) && sees_codes(vis);
+}
+
+/* Whether a query that sees vis reads every row of the recent window from vis->fw to its own
+ * position: none cut out between the sinks and the sliding window's start (a position p is cut
+ * when sinks <= p < lo). */
+static int sees_window_run(const visible_ranges *vis, size_t sinks)
+{
+    return vis->lo <= vis->fw || vis->lo <= sinks;
+}
+
+/* Query rows one window state takes at most: np positions of nq heads (each widened row then
+ * serves up to I8A_WIN_HEADS of them at a time, the tier's blocks). */
+#define I8A_WIN_GROUP 32
+
+/* The states of kv head g's query rows [r, r + np * nq): np query positions from r / nq, each
+ * with its nq heads, over the rows of the recent window each sees, from its halves (the tier's
+ * attend_float). With np > 1 (window_group) the positions see runs from the same first row,
+ * each one row longer than the one before: the rows are the last one's, a position the first
+ * end - fw of them. Each o is then rotated into the stored space, minus l * v_offset where the
+ * row saw coded positions (row_offset: as the coded rows' states are). scratch:
  * i8a_window_scratch_bytes(c->recent) bytes, 64-byte aligned. Returns 0 when the rows see none
- * of the window (st untouched). */
-static int window_state(const decode_job *job, size_t g, size_t r, size_t nq,
-                        const visible_ranges *vis, int off, const i8a_state *st, char *scratch)
+ * of the window (st untouched; np is 1 then). */
+static int window_state(const decode_job *job, size_t g, size_t r, size_t np,
+                        const i8a_state *st, char *scratch)
 {
     const i8a_cache *c = job->c;
-    const size_t d = c->head_dim, sinks = job->opt->sinks, most = c->recent;
+    const size_t d = c->head_dim, sinks = job->opt->sinks, most = c->recent, nq = job->nq;
     const float *qf = (const float *)(job->base + job->L.q_float) + (g * job->L.rows + r) * d;
     const uint16_t **kr = (const uint16_t **)(void *)(scratch + WIN_KR(most));
     const uint16_t **vr = (const uint16_t **)(void *)(scratch + WIN_VR(most));
     float *ks = (float *)(void *)(scratch + WIN_KS(most));
     float *vs = (float *)(void *)(scratch + WIN_VS(most));
     float *logit = (float *)(void *)(scratch + WIN_LOGIT(most));
+    const visible_ranges last = i8a_visible(c, job->t, r / nq + np - 1, job->opt);
     size_t n = 0;
-    size_t s = slot_of(c, vis->fw);                         /* p's slot, stepped along */
-    for (size_t p = vis->fw; p < vis->end; p++, s = s + 1 < c->ring ? s + 1 : 0) {
-        if (p < vis->lo && p >= sinks)
+    size_t s = slot_of(c, last.fw);                         /* p's slot, stepped along */
+    for (size_t p = last.fw; p < last.end; p++, s = s + 1 < c->ring ? s + 1 : 0) {
+        if (p < last.lo && p >= sinks)
             continue;
         if (n == most) {        /* never: the window holds at most recent visible rows */
             I8A_EXPECT(n < most);
@@ -66,36 +88,56 @@ static int window_state(const decode_job *job, size_t g, size_t r, size_t nq,
     }
     if (n == 0)
         return 0;
-    const i8a_float_rows rows = {kr, vr, ks, vs, n};
-    job->kt->attend_float(qf, nq, &rows, d, job->opt->softcap, logit, st);
-    for (size_t j = 0; j < nq; j++) {
-        float *o = st->o + j * d;
-        if (c->v_sign)
-            job->kt->rotate(o, d, c->v_sign, 0, o);
-        if (off)
-            for (size_t i = 0; i < d; i++)
-                o[i] = o[i] - st->l[j] * c->v_offset[g * d + i];
+    size_t seen[I8A_WIN_GROUP];             /* np > 1: n >= np (the first sees one row) */
+    for (size_t i = 0; np > 1 && i < np * nq; i++)
+        seen[i] = n - (np - 1 - i / nq);
+    const i8a_float_rows rows = {kr, vr, ks, vs, n, np > 1 ? seen : NULL};
+    job->kt->attend_float(qf, np * nq, &rows, d, job->opt->softcap, logit, st);
+    for (size_t i = 0; i < np; i++) {
+        const visible_ranges vis = i8a_visible(c, job->t, r / nq + i, job->opt);
+        const int off = row_offset(c, &vis);
+        for (size_t j = i * nq; j < (i + 1) * nq; j++) {
+            float *o = st->o + j * d;
+            if (c->v_sign)
+                job->kt->rotate(o, d, c->v_sign, 0, o);
+            if (off)
+                for (size_t e = 0; e < d; e++)
+                    o[e] = o[e] - st->l[j] * c->v_offset[g * d + e];
+        }
     }
     return 1;
 }
 
-/* Whether query row r's output takes the V offset back: the cache's offsets hold and the row
- * saw coded positions (its window's state is taken minus l * v_offset to match). */
-static int row_offset(const i8a_cache *c, const visible_ranges *vis)
+/* The query positions from r / nq that one window state takes (rows [r, r1) whole positions):
+ * 1, or a run of positions that see the window from the same first row, each one row further
+ * than the one before, at most I8A_WIN_GROUP rows (a prefill's queries in their own block). */
+static size_t window_group(const decode_job *job, size_t r, size_t r1)
 {
-    return has_offsets(c) && sees_codes(vis);
+    const size_t nq = job->nq, sinks = job->opt->sinks;
+    const visible_ranges first = i8a_visible(job->c, job->t, r / nq, job->opt);
+    if (!sees_window_run(&first, sinks) || first.fw >= first.end)
+        return 1;
+    size_t np = 1;
+    while (r + (np + 1) * nq <= r1 && (np + 1) * nq <= I8A_WIN_GROUP) {
+        const visible_ranges next = i8a_visible(job->c, job->t, r / nq + np, job->opt);
+        if (!sees_window_run(&next, sinks) || next.fw != first.fw || next.end != first.end + np)
+            break;
+        np++;
+    }
+    return np;
 }
 
 void i8a_window_rows(const decode_job *job, size_t g, size_t r0, size_t r1, char *scratch,
                      const state_slots *dest)
 {
     const size_t nq = job->nq;
-    for (size_t r = r0; r < r1; r += nq) {              /* a query position's heads at once */
-        const visible_ranges vis = i8a_visible(job->c, job->t, r / nq, job->opt);
+    for (size_t r = r0; r < r1;) {                      /* whole query positions at once */
+        const size_t np = window_group(job, r, r1);
         const i8a_state st = slot_state(dest, 0, r);
-        if (!window_state(job, g, r, nq, &vis, row_offset(job->c, &vis), &st, scratch))
+        if (!window_state(job, g, r, np, &st, scratch))
             for (size_t j = 0; j < nq; j++)
                 st.m[j] = -INFINITY;
+        r += np * nq;
     }
 }
 

@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "../_pool.h"
+
 /* row * block_rows * n_kv_heads bytes, 0 when it does not fit a size_t. */
 static size_t block_of(size_t row, size_t n_kv_heads, size_t block_rows)
 {
@@ -75,8 +77,9 @@ static size_t open_row0(const i8a_paged *p, size_t e)
 
 /* The entry that keeps the halves of offset `off` of `block`, about to be written: the block's
  * own (its held run starts again at off unless off extends it or lies in it), else a free one,
- * else the one used least recently, taken from its block. */
-static size_t open_for_write(i8a_paged *p, size_t block, size_t off)
+ * else the one used least recently, taken from its block (*reused set when this call wrote it
+ * already: its stamp is the clock, which every write and attend advances as it returns). */
+static size_t open_for_write(i8a_paged *p, size_t block, size_t off, int *reused)
 {
     int32_t e = p->open_of[block];
     if (e < 0) {
@@ -89,8 +92,10 @@ static size_t open_for_write(i8a_paged *p, size_t block, size_t off)
             if (p->open[i].stamp < p->open[pick].stamp)
                 pick = i;
         }
-        if (p->open[pick].block >= 0)
+        if (p->open[pick].block >= 0) {
             p->open_of[p->open[pick].block] = -1;
+            *reused |= p->open[pick].stamp == p->clock;
+        }
         e = (int32_t)pick;
         p->open_of[block] = e;
         p->open[e].block = (int32_t)block;
@@ -140,57 +145,178 @@ void i8a_narrow(const float *x, size_t n, int type, uint16_t *y)
     }
 }
 
+/* With open blocks: the row of slot pos's entry (open_for_write) in the open arrays, the
+ * block's first row flagged anew at offset 0 (if the block is a first block). */
+static size_t entry_row(i8a_paged *p, size_t pos, int *reused)
+{
+    const size_t off = pos & (p->block_rows - 1);
+    if (off == 0)
+        p->first_held[pos >> p->block_shift] = 0;
+    return open_row0(p, open_for_write(p, pos >> p->block_shift, off, reused)) + off;
+}
+
+/* A paged write after its checks: row i's K and V of every kv head coded into slot slots[i]
+ * (and with open blocks, as halves into its entry's row at[i]). */
+typedef struct {
+    const i8a_kernels *kt;
+    const i8a_paged *p;
+    const int64_t *slots;
+    const size_t *at;
+    const void *k, *v;
+    int type;
+} write_job;
+
+static void write_row(const write_job *w, const i8a_cache *pool, size_t i, size_t at)
+{
+    const i8a_kernels *kt = w->kt;
+    const i8a_paged *p = w->p;
+    const size_t hkv = p->n_kv_heads, d = p->head_dim, pos = (size_t)w->slots[i];
+    for (size_t g = 0; g < hkv; g++) {
+        float kw[I8A_MAX_HEAD_DIM], vw[I8A_MAX_HEAD_DIM], tmp[I8A_MAX_HEAD_DIM];
+        int8_t vc[I8A_MAX_HEAD_DIM];
+        const float *kr = i8a_row_f32(w->k, i * hkv + g, d, w->type, kw);
+        const float *vr = i8a_row_f32(w->v, i * hkv + g, d, w->type, vw);
+        kt->quantize_row(maybe_rotated(kt, pool, p->sign, kr, tmp), d, k_row(pool, g, pos),
+                         k_scale_of(pool, g, pos));
+        kt->quantize_row(maybe_rotated(kt, pool, p->sign, vr, tmp), d, vc,
+                         v_scale_of(pool, g, pos));
+        i8a_v_put(pool, g, pos, vc);
+        if (p->open_cap) {      /* the halves, as the recent window keeps the row */
+            const size_t r = at + g * p->block_rows;
+            p->open_ks[r] = kt->half_row(kr, d, p->open_k + r * d);
+            p->open_vs[r] = kt->half_row(vr, d, p->open_v + r * d);
+        }
+    }
+}
+
+/* Rows [begin, end) of a write whose entries (at) are set, an item a row. */
+static void write_range(void *ctx, size_t begin, size_t end, size_t next, size_t worker)
+{
+    (void)next, (void)worker;
+    const write_job *w = (const write_job *)ctx;
+    const i8a_cache pool = view_of(w->p, NULL, w->p->blocks * w->p->block_rows);
+    for (size_t i = begin; i < end; i++)
+        if (w->slots[i] >= 0)
+            write_row(w, &pool, i, w->p->open_cap ? w->at[i] : 0);
+}
+
+/* Whether two of slots [0, n) that are not skipped are equal, by a set of them: `set` of size
+ * (a power of two, above n) entries, overwritten. */
+static int has_duplicate(const int64_t *slots, size_t n, int64_t *set, size_t size)
+{
+    for (size_t j = 0; j < size; j++)
+        set[j] = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (slots[i] < 0)
+            continue;
+        size_t j = (size_t)(((uint64_t)slots[i] * 0x9e3779b97f4a7c15ull) >> 32) & (size - 1);
+        while (set[j] >= 0 && set[j] != slots[i])
+            j = (j + 1) & (size - 1);
+        if (set[j] == slots[i])
+            return 1;
+        set[j] = slots[i];
+    }
+    return 0;
+}
+
+/* The checks of a write's rows (i8a_check_rows: k before v, head by head), an item a row:
+ * `first` ends as the first row, in row order, that is refused (n: none). */
+typedef struct {
+    const int64_t *slots;
+    size_t n, hkv, d;
+    const void *k, *v;
+    int type;
+    atomic_size_t first;
+} check_job;
+
+/* Row i's check: 0, or 1 / 2 (k / v refused) with *head the first kv head refused. */
+static int check_row(const check_job *c, size_t i, size_t *head)
+{
+    float kw[I8A_MAX_HEAD_DIM], vw[I8A_MAX_HEAD_DIM];   /* a row of either, as floats */
+    for (size_t g = 0; g < c->hkv; g++) {
+        size_t none;
+        const int rc = i8a_check_rows(i8a_row_f32(c->k, i * c->hkv + g, c->d, c->type, kw),
+                                      i8a_row_f32(c->v, i * c->hkv + g, c->d, c->type, vw), 1,
+                                      c->d, &none);
+        if (rc) {
+            *head = g;
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static void check_range(void *ctx, size_t begin, size_t end, size_t next, size_t worker)
+{
+    (void)next, (void)worker;
+    check_job *c = (check_job *)ctx;
+    for (size_t i = begin; i < end; i++) {
+        size_t head, seen = atomic_load_explicit(&c->first, memory_order_relaxed);
+        if (i >= seen)
+            return;                     /* a row before these is refused already */
+        if (c->slots[i] < 0 || !check_row(c, i, &head))
+            continue;
+        while (i < seen && !atomic_compare_exchange_weak_explicit(
+                               &c->first, &seen, i, memory_order_relaxed, memory_order_relaxed))
+            ;
+        return;
+    }
+}
+
+/* Kv heads' rows a write takes per thread at least (a row of one kv head is about half a
+ * microsecond at D = 128: coded K and V, and their halves): fewer stay on the calling thread. */
+#define I8A_WRITE_ROWS_PER_THREAD 256
+
 int i8a_paged_write(const i8a_kernels *kt, i8a_paged *p, const int64_t *slots, size_t n,
-                    const void *k, const void *v, int type, size_t *bad)
+                    const void *k, const void *v, int type, size_t max_threads, size_t *bad)
 {
     const uint64_t t0 = i8a_prof_start();
     const size_t hkv = p->n_kv_heads, d = p->head_dim;
-    float kw[I8A_MAX_HEAD_DIM], vw[I8A_MAX_HEAD_DIM];   /* a row of either, as floats */
+    size_t rows = 0;
+    for (size_t i = 0; i < n; i++) {
+        I8A_EXPECT(slots[i] < 0 || (uint64_t)slots[i] < (uint64_t)p->blocks * p->block_rows);
+        rows += slots[i] >= 0;
+    }
+    size_t threads = rows * hkv / I8A_WRITE_ROWS_PER_THREAD;
+    threads = threads < max_threads ? threads : max_threads;
+    threads = threads ? threads : 1;
     /* every row that is written is checked before the first is (a skipped one may hold
-     * anything: vLLM's padding), in row order, k before v */
-    for (size_t i = 0; i < n; i++) {
-        if (slots[i] < 0)
-            continue;
-        I8A_EXPECT((uint64_t)slots[i] < (uint64_t)p->blocks * p->block_rows);
-        for (size_t g = 0; g < hkv; g++) {
-            size_t none;
-            const int rc = i8a_check_rows(i8a_row_f32(k, i * hkv + g, d, type, kw),
-                                          i8a_row_f32(v, i * hkv + g, d, type, vw), 1, d, &none);
-            if (rc) {
-                *bad = i * hkv + g;
-                return rc;
-            }
-        }
+     * anything: vLLM's padding); the first refused in row order, k before v, is named */
+    check_job check = {slots, n, hkv, d, k, v, type, n};
+    i8a_pool_run(n, threads, check_range, (void *)&check);
+    const size_t first = atomic_load_explicit(&check.first, memory_order_relaxed);
+    if (first < n) {
+        size_t head = 0;
+        const int rc = check_row(&check, first, &head);
+        *bad = first * hkv + head;
+        return rc;
     }
-    const i8a_cache pool = view_of(p, NULL, p->blocks * p->block_rows);
-    for (size_t i = 0; i < n; i++) {
-        if (slots[i] < 0)
-            continue;
-        const size_t pos = (size_t)slots[i];
-        size_t at = 0;              /* with open blocks: the entry's row of the position */
-        if (p->open_cap) {
-            const size_t off = pos & (p->block_rows - 1);
-            if (off == 0)           /* a new first row, if the block is a first block */
-                p->first_held[pos >> p->block_shift] = 0;
-            at = open_row0(p, open_for_write(p, pos >> p->block_shift, off)) + off;
-        }
-        for (size_t g = 0; g < hkv; g++) {
-            float tmp[I8A_MAX_HEAD_DIM];
-            int8_t vc[I8A_MAX_HEAD_DIM];
-            const float *kr = i8a_row_f32(k, i * hkv + g, d, type, kw);
-            const float *vr = i8a_row_f32(v, i * hkv + g, d, type, vw);
-            kt->quantize_row(maybe_rotated(kt, &pool, p->sign, kr, tmp), d,
-                             k_row(&pool, g, pos), k_scale_of(&pool, g, pos));
-            kt->quantize_row(maybe_rotated(kt, &pool, p->sign, vr, tmp), d, vc,
-                             v_scale_of(&pool, g, pos));
-            i8a_v_put(&pool, g, pos, vc);
-            if (p->open_cap) {      /* the halves, as the recent window keeps the row */
-                const size_t r = at + g * p->block_rows;
-                p->open_ks[r] = kt->half_row(kr, d, p->open_k + r * d);
-                p->open_vs[r] = kt->half_row(vr, d, p->open_v + r * d);
-            }
-        }
+    write_job job = {kt, p, slots, NULL, k, v, type};
+    size_t size = 1;                    /* the duplicate check's set: a power of two above 2n */
+    while (size <= 2 * n)
+        size *= 2;
+    size_t *at = threads > 1 ? (size_t *)malloc(n * sizeof *at + size * sizeof(int64_t)) : NULL;
+    int64_t *set = at ? (int64_t *)(void *)(at + n) : NULL;
+    if (!at || has_duplicate(slots, n, set, size)) {
+        /* one row after another: a slot given twice holds its last row */
+        const i8a_cache pool = view_of(p, NULL, p->blocks * p->block_rows);
+        int reused = 0;
+        for (size_t i = 0; i < n; i++)
+            if (slots[i] >= 0)
+                write_row(&job, &pool, i, p->open_cap ? entry_row(p, (size_t)slots[i], &reused)
+                                                      : 0);
+    } else {
+        /* the entries first, in row order; then the rows on the threads, unless an entry went
+         * to another block after this call wrote a row into it (the two rows would share its
+         * memory: they are written in row order then, on this thread) */
+        int reused = 0;
+        for (size_t i = 0; i < n && p->open_cap; i++)
+            if (slots[i] >= 0)
+                at[i] = entry_row(p, (size_t)slots[i], &reused);
+        job.at = at;
+        i8a_pool_run(n, reused ? 1 : threads, write_range, (void *)&job);
     }
+    free(at);
     p->clock++;
     i8a_prof_add(I8A_PROF_WRITE, t0, 1);
     return 0;

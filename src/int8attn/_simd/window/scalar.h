@@ -93,31 +93,38 @@ static inline float i8a_max_of(const float *x, size_t n)
     return part[0];
 }
 
-/* The recent window's states of nq query rows that see the same rows (i8a_attend_float_fn), the
- * same source in every tier around the tier's three loops, I8A_WIN_HEADS rows at a time. Per
- * row: logit = (q . h[j]) * k_scale[j] (dots4; the last n % 4 rows go through it with their
- * first row repeated, the extra dots unused), soft-capped when on; m = their max; w = exp(logit
- * - m) by the contract's polynomial (exps); l = the sum of w in position order; o = vsum of the
- * weights w * v_scale[j]. logit: I8A_WIN_HEADS * n floats of scratch. */
+/* The recent window's states of nq query rows (i8a_attend_float_fn), the same source in every
+ * tier around the tier's three loops, I8A_WIN_HEADS rows at a time. Row h sees the first n_h
+ * rows (w->seen[h], or all w->n); a block of rows reads the first `most` rows, its largest
+ * n_h. Per row: logit = (q . h[j]) * k_scale[j] (dots4 over the block's rows; the last most % 4
+ * go through it with their first row repeated, the extra dots unused), soft-capped when on; m
+ * = the max of its n_h logits; w = exp(logit - m) by the contract's polynomial (exps); l = the
+ * sum of w in position order; o = vsum of the weights w * v_scale[j], the block's rows past
+ * n_h weighing 0 (a product 0 * h, h a finite half, adds nothing to a sum begun at +0: the
+ * row's bits are those of the row alone over its n_h rows). logit: I8A_WIN_HEADS * w->n floats
+ * of scratch, a block's rows at a stride of `most`. */
 I8A_INLINE void i8a_attend_float_body(const float *q, size_t nq, const i8a_float_rows *w,
                                       size_t d, float cap, float *logit, const i8a_state *out,
                                       i8a_dots4_fn dots4, i8a_exps_fn exps, i8a_vsum_fn vsum)
 {
-    const size_t n = w->n;
     for (size_t h0 = 0; h0 < nq; h0 += I8A_WIN_HEADS) {
         const size_t nh = nq - h0 < I8A_WIN_HEADS ? nq - h0 : I8A_WIN_HEADS;
-        for (size_t j = 0; j < n; j += 4) {
+        size_t most = w->seen ? 0 : w->n;                   /* 1 <= seen[h] <= n */
+        for (size_t h = 0; w->seen && h < nh; h++)
+            most = w->seen[h0 + h] > most ? w->seen[h0 + h] : most;
+        for (size_t j = 0; j < most; j += 4) {
             const uint16_t *rows[4];
             float dot[I8A_WIN_HEADS * 4];
             for (size_t b = 0; b < 4; b++)
-                rows[b] = w->k[j + b < n ? j + b : j];
+                rows[b] = w->k[j + b < most ? j + b : j];
             dots4(q + h0 * d, nh, rows, d, dot);
             for (size_t h = 0; h < nh; h++)
-                for (size_t b = 0; b < 4 && j + b < n; b++)
-                    logit[h * n + j + b] = dot[h * 4 + b] * w->k_scale[j + b];
+                for (size_t b = 0; b < 4 && j + b < most; b++)
+                    logit[h * most + j + b] = dot[h * 4 + b] * w->k_scale[j + b];
         }
         for (size_t h = 0; h < nh; h++) {
-            float *x = logit + h * n;
+            const size_t n = w->seen ? w->seen[h0 + h] : most;
+            float *x = logit + h * most;
             if (cap > 0.0f)
                 for (size_t j = 0; j < n; j++)
                     x[j] = i8a_softcap(x[j], cap, 1.0f / cap);
@@ -128,10 +135,12 @@ I8A_INLINE void i8a_attend_float_body(const float *q, size_t nq, const i8a_float
                 l = l + x[j];
             for (size_t j = 0; j < n; j++)
                 x[j] = x[j] * w->v_scale[j];                /* the weights of the halves */
+            for (size_t j = n; j < most; j++)
+                x[j] = 0.0f;                                /* rows past the row's own */
             out->m[h0 + h] = m;
             out->l[h0 + h] = l;
         }
-        vsum(logit, nh, w->v, n, d, out->o + h0 * d);
+        vsum(logit, nh, w->v, most, d, out->o + h0 * d);
     }
 }
 
