@@ -87,9 +87,10 @@ class Run:
         self.outputs, self.metrics, self.impls = outputs, metrics, impls
 
 
-def run_engine(model, kv_cache_dtype, jobs, **engine):
+def run_engine(model, kv_cache_dtype, jobs, before=None, **engine):
     """Start an engine, run `jobs` (name -> (prompts, max_tokens); greedy, all prompts of a
-    job submitted together), shut it down and return a Run."""
+    job submitted together; before(name), if given, is called before each), shut it down and
+    return a Run."""
     from vllm import LLM, SamplingParams
 
     llm = None
@@ -97,6 +98,8 @@ def run_engine(model, kv_cache_dtype, jobs, **engine):
         llm = LLM(model=model, kv_cache_dtype=kv_cache_dtype, **{**ENGINE, **engine})
         outputs = {}
         for name, (prompts, max_tokens) in jobs.items():
+            if before:
+                before(name)
             params = SamplingParams(max_tokens=max_tokens, temperature=0, logprobs=5,
                                     ignore_eos=True)
             got = llm.generate([{"prompt_token_ids": p} for p in prompts], params,
