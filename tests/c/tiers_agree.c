@@ -285,6 +285,26 @@ static int open_run(const i8a_kernels *kt, size_t h, size_t hkv, size_t d, size_
     return rc;
 }
 
+/* The scalar tier's run of one case, made once and kept: the first tier to meet the case makes
+ * it (from the rng state the case starts at), every tier's run of the case is compared with it,
+ * and the scalar tier's run is it. A case's data comes from the rng alone, so a tier's run
+ * leaves the rng where the scalar run left it (checked). */
+typedef struct {
+    float *out;
+    size_t n;                       /* floats in out */
+    int rc;
+    uint64_t rng_after;
+} reference;
+
+/* Whether tier kt's run of a case (rc, its n floats in out; the rng where it left it) differs
+ * from the case's reference, or either failed. The rng is left where the reference left it. */
+static int differs_from(const reference *ref, int rc, const float *out, size_t n)
+{
+    const int moved = rng != ref->rng_after;
+    rng = ref->rng_after;
+    return rc || ref->rc || moved || n != ref->n || memcmp(out, ref->out, n * sizeof(float)) != 0;
+}
+
 /* The open-block runs of one tier against the scalar tier's, bit for bit: block sizes 16, 32 and
  * 128, GQA, a window with sinks, the soft cap, both q widths. Adds the outputs to *sum; returns
  * the runs that differ (or fail). */
@@ -299,21 +319,32 @@ static size_t open_differs(const i8a_kernels *kt, const i8a_kernels *scalar, siz
         {4, 1, 256, 32, 40, 3, 0.0f},
         {6, 3, 96, 128, 0, 0, 30.0f},
     };
-    size_t diffs = 0;
+    static reference refs[2 * sizeof oc / sizeof oc[0]];
+    size_t diffs = 0, k = 0;
     for (size_t i = 0; i < sizeof oc / sizeof oc[0]; i++)
-        for (int q_bits = 8; q_bits <= 16; q_bits += 8) {
+        for (int q_bits = 8; q_bits <= 16; q_bits += 8, k++) {
             const i8a_options opt = {0.11f, q_bits, oc[i].window, oc[i].sinks, oc[i].cap};
             const size_t most = (5 * oc[i].rows + 14) * oc[i].h * oc[i].d;
-            float *a = malloc(most * sizeof(float)), *b = malloc(most * sizeof(float));
-            size_t na = 0, nb = 0;
+            reference *ref = &refs[k];
             const uint64_t seed = rng;
-            int rc = open_run(kt, oc[i].h, oc[i].hkv, oc[i].d, oc[i].rows, &opt, a, &na);
-            rng = seed;
-            rc |= open_run(scalar, oc[i].h, oc[i].hkv, oc[i].d, oc[i].rows, &opt, b, &nb);
-            *sum = digest(*sum, a, na * sizeof(float));
-            diffs += rc != 0 || na != nb || memcmp(a, b, na * sizeof(float)) != 0;
+            if (!ref->out) {
+                ref->out = malloc(most * sizeof(float));
+                ref->rc = open_run(scalar, oc[i].h, oc[i].hkv, oc[i].d, oc[i].rows, &opt,
+                                   ref->out, &ref->n);
+                ref->rng_after = rng;
+                rng = seed;
+            }
+            float *a = kt == scalar ? NULL : malloc(most * sizeof(float));
+            size_t na = ref->n;
+            const int rc = a ? open_run(kt, oc[i].h, oc[i].hkv, oc[i].d, oc[i].rows, &opt, a, &na)
+                             : 0;
+            if (!a)
+                rng = ref->rng_after;
+            const float *out = a ? a : ref->out;
+            *sum = digest(*sum, out, na * sizeof(float));
+            diffs += (size_t)differs_from(ref, rc, out, na);
             (*cases)++;
-            free(a), free(b);
+            free(a);
         }
     return diffs;
 }
@@ -394,6 +425,8 @@ int main(void)
         if (!strcmp((*tp)->name, "scalar"))
             scalar = *tp;
     int failed = 0;
+    /* the scalar tier's run of each case (the decodes, 2 q widths over each shape and width) */
+    static reference refs[2 * 4 * sizeof shapes / sizeof shapes[0]];
     for (const i8a_kernels *const *tp = checked_tiers(); *tp; tp++) {
         const i8a_kernels *t = *tp;
         if ((t->requires & have) != t->requires) {
@@ -405,28 +438,35 @@ int main(void)
         uint64_t sum = 0xcbf29ce484222325ull;
         /* the int8 cache, and K and V at 4 bits (both, or either) where d allows */
         static const int widths[][2] = {{8, 8}, {4, 4}, {8, 4}, {4, 8}};
+        size_t k = 0;
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
             for (size_t w = 0; w < 4; w++) {
                 if (w && shapes[i][2] % I8A_NIB_BLOCK)
                     continue;
-                for (int q_bits = 8; q_bits <= 16; q_bits += 8) {
-                    size_t h = shapes[i][0], d = shapes[i][2];
-                    float *a = malloc(h * d * sizeof(float)), *b = malloc(h * d * sizeof(float));
-                    uint64_t seed = rng;
-                    int rc = run_case(t, h, shapes[i][1], d, shapes[i][3], q_bits, widths[w][0],
-                                      widths[w][1], a);
-                    rng = seed;
-                    rc |= run_case(scalar, h, shapes[i][1], d, shapes[i][3], q_bits,
-                                   widths[w][0], widths[w][1], b);
-                    cases++;
-                    sum = digest(sum, a, h * d * sizeof(float));
-                    if (rc || memcmp(a, b, h * d * sizeof(float)) != 0) {
-                        if (diffs++ < 3)
-                            printf("  %s differs: H %zu, Hkv %zu, D %zu, %zu tokens, K%d/V%d, "
-                                   "q_bits %d\n", t->name, h, shapes[i][1], d, shapes[i][3],
-                                   widths[w][0], widths[w][1], q_bits);
+                for (int q_bits = 8; q_bits <= 16; q_bits += 8, k++) {
+                    const size_t h = shapes[i][0], hkv = shapes[i][1], d = shapes[i][2];
+                    const size_t len = shapes[i][3];
+                    const int kb = widths[w][0], vb = widths[w][1];
+                    reference *ref = &refs[k];
+                    const uint64_t seed = rng;
+                    if (!ref->out) {
+                        ref->out = malloc(h * d * sizeof(float));
+                        ref->n = h * d;
+                        ref->rc = run_case(scalar, h, hkv, d, len, q_bits, kb, vb, ref->out);
+                        ref->rng_after = rng;
+                        rng = seed;
                     }
-                    free(a), free(b);
+                    float *a = t == scalar ? NULL : malloc(h * d * sizeof(float));
+                    const int rc = a ? run_case(t, h, hkv, d, len, q_bits, kb, vb, a) : 0;
+                    if (!a)
+                        rng = ref->rng_after;
+                    const float *out = a ? a : ref->out;
+                    cases++;
+                    sum = digest(sum, out, h * d * sizeof(float));
+                    if (differs_from(ref, rc, out, h * d) && diffs++ < 3)
+                        printf("  %s differs: H %zu, Hkv %zu, D %zu, %zu tokens, K%d/V%d, "
+                               "q_bits %d\n", t->name, h, hkv, d, len, kb, vb, q_bits);
+                    free(a);
                 }
             }
         }
