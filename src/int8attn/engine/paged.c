@@ -159,7 +159,7 @@ static size_t entry_row(i8a_paged *p, size_t pos, int *reused)
  * (and with open blocks, as halves into its entry's row at[i]). */
 typedef struct {
     const i8a_kernels *kt;
-    const i8a_paged *p;
+    i8a_paged *p;                       /* its entries change only without `at` */
     const int64_t *slots;
     const size_t *at;
     const void *k, *v;
@@ -189,15 +189,23 @@ static void write_row(const write_job *w, const i8a_cache *pool, size_t i, size_
     }
 }
 
-/* Rows [begin, end) of a write whose entries (at) are set, an item a row. */
+/* Rows [begin, end) of a write, an item a row. Each row's open entry is at[i], set before; or,
+ * without `at` (one thread, the rows in order), assigned as the row comes (entry_row), so that
+ * an entry that goes to another block within the write does so between its rows. */
 static void write_range(void *ctx, size_t begin, size_t end, size_t next, size_t worker)
 {
     (void)next, (void)worker;
     const write_job *w = (const write_job *)ctx;
     const i8a_cache pool = view_of(w->p, NULL, w->p->blocks * w->p->block_rows);
-    for (size_t i = begin; i < end; i++)
-        if (w->slots[i] >= 0)
-            write_row(w, &pool, i, w->p->open_cap ? w->at[i] : 0);
+    int reused = 0;
+    for (size_t i = begin; i < end; i++) {
+        if (w->slots[i] < 0)
+            continue;
+        const size_t at = !w->p->open_cap ? 0
+                          : w->at         ? w->at[i]
+                                          : entry_row(w->p, (size_t)w->slots[i], &reused);
+        write_row(w, &pool, i, at);
+    }
 }
 
 /* Whether two of slots [0, n) that are not skipped are equal, by a set of them: `set` of size
@@ -298,13 +306,7 @@ int i8a_paged_write(const i8a_kernels *kt, i8a_paged *p, const int64_t *slots, s
     size_t *at = threads > 1 ? (size_t *)malloc(n * sizeof *at + size * sizeof(int64_t)) : NULL;
     int64_t *set = at ? (int64_t *)(void *)(at + n) : NULL;
     if (!at || has_duplicate(slots, n, set, size)) {
-        /* one row after another: a slot given twice holds its last row */
-        const i8a_cache pool = view_of(p, NULL, p->blocks * p->block_rows);
-        int reused = 0;
-        for (size_t i = 0; i < n; i++)
-            if (slots[i] >= 0)
-                write_row(&job, &pool, i, p->open_cap ? entry_row(p, (size_t)slots[i], &reused)
-                                                      : 0);
+        write_range(&job, 0, n, 0, 0);  /* row after row: a slot given twice holds its last */
     } else {
         /* the entries first, in row order; then the rows on the threads, unless an entry went
          * to another block after this call wrote a row into it (the two rows would share its
