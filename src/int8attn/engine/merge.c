@@ -53,8 +53,9 @@ static int sees_window_run(const visible_ranges *vis, size_t sinks)
  * serves up to I8A_WIN_HEADS of them at a time, the tier's blocks). */
 #define I8A_WIN_GROUP 32
 
-/* The states of kv head g's query rows [r, r + np * nq): np query positions from r / nq, each
- * with its nq heads, over the rows of the recent window each sees, from its halves (the tier's
+/* The states of kv head g's query rows [r, r + np * nq): np query positions from r / nq (vis[i]:
+ * what position i sees), each with its nq heads, over the rows of the recent window each sees,
+ * from its halves (the tier's
  * attend_float). With np > 1 (window_group) the positions see runs from the same first row,
  * each one row longer than the one before: the rows are the last one's, a position the first
  * end - fw of them. Each o is then rotated into the stored space, minus l * v_offset where the
@@ -62,7 +63,7 @@ static int sees_window_run(const visible_ranges *vis, size_t sinks)
  * i8a_window_scratch_bytes(c->recent) bytes, 64-byte aligned. Returns 0 when the rows see none
  * of the window (st untouched; np is 1 then). */
 static int window_state(const decode_job *job, size_t g, size_t r, size_t np,
-                        const i8a_state *st, char *scratch)
+                        const visible_ranges *vis, const i8a_state *st, char *scratch)
 {
     const i8a_cache *c = job->c;
     const size_t d = c->head_dim, sinks = job->opt->sinks, most = c->recent, nq = job->nq;
@@ -72,7 +73,7 @@ static int window_state(const decode_job *job, size_t g, size_t r, size_t np,
     float *ks = (float *)(void *)(scratch + WIN_KS(most));
     float *vs = (float *)(void *)(scratch + WIN_VS(most));
     float *logit = (float *)(void *)(scratch + WIN_LOGIT(most));
-    const visible_ranges last = i8a_visible(c, job->t, r / nq + np - 1, job->opt);
+    const visible_ranges last = vis[np - 1];
     size_t n = 0;
     size_t s = slot_of(c, last.fw);                         /* p's slot, stepped along */
     for (size_t p = last.fw; p < last.end; p++, s = s + 1 < c->ring ? s + 1 : 0) {
@@ -94,8 +95,7 @@ static int window_state(const decode_job *job, size_t g, size_t r, size_t np,
     const i8a_float_rows rows = {kr, vr, ks, vs, n, np > 1 ? seen : NULL};
     job->kt->attend_float(qf, np * nq, &rows, d, job->opt->softcap, logit, st);
     for (size_t i = 0; i < np; i++) {
-        const visible_ranges vis = i8a_visible(c, job->t, r / nq + i, job->opt);
-        const int off = row_offset(c, &vis);
+        const int off = row_offset(c, &vis[i]);
         for (size_t j = i * nq; j < (i + 1) * nq; j++) {
             float *o = st->o + j * d;
             if (c->v_sign)
@@ -108,19 +108,21 @@ static int window_state(const decode_job *job, size_t g, size_t r, size_t np,
     return 1;
 }
 
-/* The query positions from r / nq that one window state takes (rows [r, r1) whole positions):
- * 1, or a run of positions that see the window from the same first row, each one row further
- * than the one before, at most I8A_WIN_GROUP rows (a prefill's queries in their own block). */
-static size_t window_group(const decode_job *job, size_t r, size_t r1)
+/* The query positions from r / nq that one window state takes (rows [r, r1) whole positions),
+ * what each sees in vis[0, np) (vis: I8A_WIN_GROUP entries): 1, or a run of positions that see
+ * the window from the same first row, each one row further than the one before, at most
+ * I8A_WIN_GROUP rows (a prefill's queries in their own block). */
+static size_t window_group(const decode_job *job, size_t r, size_t r1, visible_ranges *vis)
 {
     const size_t nq = job->nq, sinks = job->opt->sinks;
-    const visible_ranges first = i8a_visible(job->c, job->t, r / nq, job->opt);
-    if (!sees_window_run(&first, sinks) || first.fw >= first.end)
+    vis[0] = i8a_visible(job->c, job->t, r / nq, job->opt);
+    if (!sees_window_run(&vis[0], sinks) || vis[0].fw >= vis[0].end)
         return 1;
     size_t np = 1;
     while (r + (np + 1) * nq <= r1 && (np + 1) * nq <= I8A_WIN_GROUP) {
-        const visible_ranges next = i8a_visible(job->c, job->t, r / nq + np, job->opt);
-        if (!sees_window_run(&next, sinks) || next.fw != first.fw || next.end != first.end + np)
+        vis[np] = i8a_visible(job->c, job->t, r / nq + np, job->opt);
+        if (!sees_window_run(&vis[np], sinks) || vis[np].fw != vis[0].fw
+            || vis[np].end != vis[0].end + np)
             break;
         np++;
     }
@@ -132,9 +134,10 @@ void i8a_window_rows(const decode_job *job, size_t g, size_t r0, size_t r1, char
 {
     const size_t nq = job->nq;
     for (size_t r = r0; r < r1;) {                      /* whole query positions at once */
-        const size_t np = window_group(job, r, r1);
+        visible_ranges vis[I8A_WIN_GROUP];
+        const size_t np = window_group(job, r, r1, vis);
         const i8a_state st = slot_state(dest, 0, r);
-        if (!window_state(job, g, r, np, &st, scratch))
+        if (!window_state(job, g, r, np, vis, &st, scratch))
             for (size_t j = 0; j < nq; j++)
                 st.m[j] = -INFINITY;
         r += np * nq;
