@@ -71,6 +71,18 @@ def models(tmp_path_factory):
     return lambda name: model_dir(name, root)
 
 
+@pytest.fixture
+def switch_tier():
+    """_cache._set_isa, for a test that switches int8attn's tier; the tier it found is active
+    again after it, whatever happened."""
+    from int8attn import _cache
+    import int8attn as ia
+
+    was = ia.isa()
+    yield _cache._set_isa
+    _cache._set_isa(was)
+
+
 def token_prompts(lengths, seed):
     import numpy as np
 

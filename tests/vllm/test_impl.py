@@ -11,7 +11,6 @@ from conftest import PLUGIN
 
 import int8attn as ia
 import int8attn.vllm as iv
-from int8attn import _cache
 from int8attn import reference as R
 
 H, HKV, D, BS, BLOCKS = 8, 2, 64, 16, 24
@@ -91,16 +90,12 @@ def test_each_step_is_near_float_attention_over_the_rows_given():
             at += t
 
 
-def test_every_tier_gives_the_scalar_tiers_bits():
+def test_every_tier_gives_the_scalar_tiers_bits(switch_tier):
     tiers = ia.supported_isas()
-    was = ia.isa()
     runs = {}
-    try:
-        for tier in tiers:
-            _cache._set_isa(tier)
-            runs[tier] = run_steps()
-    finally:
-        _cache._set_isa(was)
+    for tier in tiers:
+        switch_tier(tier)
+        runs[tier] = run_steps()
     want_outs, _, want_cache = runs["scalar"]
     for tier, (outs, _, cache) in runs.items():
         np.testing.assert_array_equal(cache, want_cache, err_msg=f"{tier}: the pool's bytes")

@@ -7,7 +7,6 @@ import pytest
 from conftest import PLUGIN, run_engine, token_prompts
 
 import int8attn as ia
-from int8attn import _cache
 
 # prompts across a block of 128 and past the sliding layers' window of 24, prefilled in chunks
 # of 64 while others decode
@@ -15,15 +14,11 @@ PROMPTS = token_prompts([5, 24, 25, 63, 64, 65, 127, 128, 129, 200], seed=11)
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma2"])
-def test_every_tier_gives_the_same_tokens_and_logprobs(models, name):
+def test_every_tier_gives_the_same_tokens_and_logprobs(models, name, switch_tier):
     tiers = ia.supported_isas()
     assert "scalar" in tiers and len(tiers) >= 2, tiers
-    was = ia.isa()
-    try:
-        run = run_engine(models(name), PLUGIN, {tier: (PROMPTS, 12) for tier in tiers},
-                         before=_cache._set_isa, enable_prefix_caching=False)
-    finally:
-        _cache._set_isa(was)
+    run = run_engine(models(name), PLUGIN, {tier: (PROMPTS, 12) for tier in tiers},
+                     before=switch_tier, enable_prefix_caching=False)
     assert run.impls == {"Int8AttnImpl"}
     for tier in tiers:
         for i, (got, want) in enumerate(zip(run.outputs[tier], run.outputs["scalar"],
