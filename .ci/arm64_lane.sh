@@ -278,7 +278,10 @@ log "copied $SRC_DIR -> $ROOT/src ($(du -sh "$ROOT/src" | cut -f1))"
 # suffix and the compiler name a build in the chroot uses) with the chroot venv's Cython and
 # setuptools, in a host CPython of the chroot's version. Under qemu the same build took 512 s
 # of the lane (the Cython module alone 164 s of gcc); here about 40. Returns 1, having built
-# nothing, where the host cannot (no cross compiler, another CPython version).
+# nothing, where the host cannot (no cross compiler, another CPython version). The code is not
+# byte for byte the chroot gcc's: bookworm's cross gcc is 12.2.0-14cross1, without 12.2.0-14
+# +deb12u1's fix of CVE-2023-4039 (the stack protector's frame layout on arm64), so frames are
+# laid out differently; what is tested (every tier against scalar, the suite) is the same.
 cross_wheel() {
   local ver site key venv sc
   ver=$(readlink "$ROOT/usr/bin/python3")                       # python3.11
