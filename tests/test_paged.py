@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import int8attn as ia
+from int8attn import _cache
 from int8attn import reference as R
 
 from conftest import CONTRACT, EMULATED, assert_tiers_and_threads_agree, rel_err
@@ -339,7 +340,7 @@ def test_a_serving_engines_tensors_take_one_compiled_call(dtype):
                                              slots_of(table[1], 8, bs), [-1] * 3]))
     f32 = lambda x: x.float().numpy()
     fast, slow = (ia.PagedKVCache(hkv, d, bs, 8, open_blocks=4) for _ in range(2))
-    assert fast._write_tensors(slots, k, v)
+    assert _cache._write_tensors(fast, slots, k, v)
     slow.write(slots.numpy(), f32(k), f32(v))
     np.testing.assert_array_equal(fast.buffer, slow.buffer)
     for b in range(2):
@@ -348,7 +349,7 @@ def test_a_serving_engines_tensors_take_one_compiled_call(dtype):
     options = dict(scale=0.125, window=20, softcap=30.0)
     want = slow.attend(f32(q[:n]), starts, lens, table, **options)
     out = torch.full((n + 3, h, d), float("nan"), dtype=dt)
-    assert fast._attend_tensors(q[:n], starts, lens, table, *options.values(), out[:n])
+    assert _cache._attend_tensors(fast, q[:n], starts, lens, table, *options.values(), out[:n])
     bits = lambda x: x.view(torch.int32 if x.dtype == torch.float32 else torch.int16)
     assert torch.equal(bits(out[:n]), bits(torch.from_numpy(want).to(dt)))
     assert out[n:].isnan().all()
@@ -360,26 +361,27 @@ def test_a_serving_engines_tensors_take_one_compiled_call(dtype):
     assert torch.equal(bits(again), bits(torch.from_numpy(want).to(dt)))
 
     before = fast.buffer.copy()
-    assert not fast._write_tensors(slots.numpy(), k, v)             # not torch
-    assert not fast._write_tensors(slots, k.detach().requires_grad_(), v)
-    assert not fast._write_tensors(slots.to(torch.int32), k, v)
-    assert not fast._write_tensors(slots[:-1], k, v)                # N differs
-    assert not fast._write_tensors(slots, k, v.float() if dt != torch.float32 else v.half())
-    assert not fast._write_tensors(slots, k.transpose(1, 2).contiguous().transpose(1, 2), v)
+    assert not _cache._write_tensors(fast, slots.numpy(), k, v)             # not torch
+    assert not _cache._write_tensors(fast, slots, k.detach().requires_grad_(), v)
+    assert not _cache._write_tensors(fast, slots.to(torch.int32), k, v)
+    assert not _cache._write_tensors(fast, slots[:-1], k, v)                # N differs
+    assert not _cache._write_tensors(fast, slots, k, v.float() if dt != torch.float32 else v.half())
+    assert not _cache._write_tensors(fast, slots, k.transpose(1, 2).contiguous().transpose(1, 2), v)
     over = slots.clone()
     over[5] = 8 * bs
-    assert not fast._write_tensors(over, k, v)
+    assert not _cache._write_tensors(fast, over, k, v)
     with pytest.raises(ValueError, match=r"slots\[5\] is 128, beyond the pool's"):
         fast.write(over, k, v)
     bad = k.clone()
     bad[40, 1, 3] = float("inf")
-    assert not fast._write_tensors(slots, bad, v)
+    assert not _cache._write_tensors(fast, slots, bad, v)
     with pytest.raises(ValueError, match=r"k holds NaN or Inf.*row 40, kv head 1"):
         fast.write(slots, bad, v)
     fast._enter()
     try:
-        assert not fast._write_tensors(slots, k, v)                  # busy
-        assert not fast._attend_tensors(q[:n], starts, lens, table, None, None, None, out[:n])
+        assert not _cache._write_tensors(fast, slots, k, v)              # busy
+        assert not _cache._attend_tensors(fast, q[:n], starts, lens, table, None, None, None,
+                                          out[:n])
     finally:
         fast._leave()
     np.testing.assert_array_equal(fast.buffer, before)
@@ -392,14 +394,15 @@ def test_a_serving_engines_tensors_take_one_compiled_call(dtype):
                   out[:n].transpose(0, 1).contiguous().transpose(0, 1)),
                  (q[:n].numpy() if dt == torch.float32 else q[:n].float().numpy(), starts, lens,
                   table, None, None, None, out[:n])]:
-        assert not fast._attend_tensors(*args)
+        assert not _cache._attend_tensors(fast, *args)
     assert out.isnan().all()
     with pytest.raises(ValueError, match=r"block_table\[1, 0\] is 9, not a block"):
-        fast._attend_tensors(q[:n], starts, lens, np.array([[3, 0, 5], [9, 6, -1]], np.int32),
-                             None, None, None, out[:n])
+        _cache._attend_tensors(fast, q[:n], starts, lens,
+                               np.array([[3, 0, 5], [9, 6, -1]], np.int32), None, None, None,
+                               out[:n])
     badq = q[:n].clone()
     badq[40, 4, 0] = float("nan")
-    assert not fast._attend_tensors(badq, starts, lens, table, None, None, None, out[:n])
+    assert not _cache._attend_tensors(fast, badq, starts, lens, table, None, None, None, out[:n])
     with pytest.raises(ValueError, match="q row 40"):
         fast.attend(badq, starts, lens, table, out=out[:n])
     assert out.isnan().all()

@@ -1,6 +1,7 @@
 """Threads: the output is bit-identical for every thread count, the settings are validated, and
 the pool survives fork()."""
 
+import importlib.util
 import os
 
 import numpy as np
@@ -10,6 +11,13 @@ import int8attn as ia
 from int8attn import _cache
 from conftest import filled_cache
 from test_dispatch import run_python
+
+# benchmarks/studies.py, the suite's timing studies (not part of the package)
+_spec = importlib.util.spec_from_file_location(
+    "studies", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks",
+                            "studies.py"))
+studies = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(studies)
 
 
 @pytest.fixture
@@ -134,17 +142,15 @@ def test_bandwidth_probe_reads_every_byte(threads, shape):
 def test_interleaved_timing_alternates_and_keeps_the_calls_apart():
     """The format-cost measurement: per round each fn twice in turn (the second call timed),
     each fn's times in its own list, after three untimed rounds of one call each."""
-    from int8attn import _bench
     calls = []
-    times = _bench._interleaved([lambda: calls.append("a"), lambda: calls.append("b"),
+    times = studies.interleaved([lambda: calls.append("a"), lambda: calls.append("b"),
                                  lambda: calls.append("c")], 5, 0.0)
     assert [len(t) for t in times] == [5, 5, 5]
     assert "".join(calls) == "abc" * 3 + "aabbcc" * 5
 
 
 def test_format_cost_times_every_format():
-    from int8attn import _bench
-    c = _bench.format_cost(40, 0.0, h=4, hkv=2, d=16, pairs=3)
+    c = studies.format_cost(40, 0.0, h=4, hkv=2, d=16, pairs=3)
     assert (c["tokens"], c["h"], c["hkv"], c["d"], c["pairs"]) == (40, 4, 2, 16, 3)
     assert c["formats"] == ["default", "centered", "plain"]
     assert all(c["time"][name]["n"] == 30 for name in c["formats"])
@@ -152,13 +158,12 @@ def test_format_cost_times_every_format():
 
 
 def test_contention_times_both_thread_counts_under_load(threads):
-    from int8attn import _bench
     ia.set_num_threads(2)
-    c = _bench.contention(40, 1, 0.0, h=4, hkv=2, d=16, blocks=3)
+    c = studies.contention(40, 1, 0.0, h=4, hkv=2, d=16, blocks=3)
     assert (c["tokens"], c["busy"], c["threads"]) == (40, 1, 2)
     assert c["one"]["n"] == c["default"]["n"] == 15 and c["ratio"] > 0
     assert ia.get_num_threads() == 2
-    with _bench.busy_processes(2) as procs:
+    with studies.busy_processes(2) as procs:
         assert all(p.poll() is None for p in procs)
     assert all(p.poll() is not None for p in procs)
 

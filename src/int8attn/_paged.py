@@ -147,7 +147,7 @@ class PagedKVCache(_cache._Paged):
         NaN, Inf or a value beyond +-2**64 raises ValueError naming it, and nothing is
         written.
         """
-        if self._write_tensors(slots, k, v):    # a serving engine's tensors: one compiled call
+        if _cache._write_tensors(self, slots, k, v):     # a serving engine's tensors: one call
             return
         self._enter()
         try:
@@ -189,8 +189,8 @@ class PagedKVCache(_cache._Paged):
         calls (given entries enough).
         """
         if (out is not None and not sinks and q_bits == 16
-                and self._attend_tensors(q, query_start, seq_lens, block_table, scale, window,
-                                         softcap, out)):
+                and _cache._attend_tensors(self, q, query_start, seq_lens, block_table, scale,
+                                           window, softcap, out)):
             return out                          # a serving engine's call: one compiled call
         self._enter()
         try:
