@@ -4,6 +4,7 @@
     python examples/offset_study.py drift [--text T] [--at 1879]
     python examples/offset_study.py layers [--text T] [--limit 1900]
     python examples/offset_study.py sides [--text T] [--limit 1900]
+    python examples/offset_study.py young [--text T] [--limit 1900]
     python examples/offset_study.py layers --text /usr/share/common-licenses/GPL-3 --bytes 14000 --limit 2000
 
 ``drift``: per layer, the fp32 model's K and V rows as the cache would center them: the norm of
@@ -19,6 +20,9 @@ layers 0-5, 6-11, 12-17.
 
 ``sides``: the same for centering K only or V only, emulated (``examples/kv_formats.py``'s
 EmulatedCache: the cache's rules in numpy), beside the emulated ``recent`` and ``default``.
+
+``young``: offsets per chunk of 256 positions, each the mean of the 64 rows before its chunk
+(chunk 0: positions 1 .. 64, as now), for K and V or for K alone, emulated, beside ``default``.
 """
 
 import argparse
@@ -96,15 +100,37 @@ class Sided(KF.EmulatedCache):
             self.offsets = offsets
 
 
-def sided(**options):
+class Young(Sided):
+    """An emulated cache whose offsets are per chunk of 256 positions: chunk c >= 1 is centered
+    on the mean of positions 256 c - 64 .. 256 c - 1 (rows the ring holds as the chunk starts),
+    chunk 0 on positions 1 .. 64's."""
+
+    def _through(self, x, side, n0):
+        if self.offsets is None or not self.sides[side] or not self.quantize[side]:
+            return super()._through(x, side, n0)
+        raw = (self.raw_k, self.raw_v)[side]
+        pos = n0 + np.arange(len(x))
+        shift = np.zeros_like(x)
+        for c in np.unique(pos // 256):
+            lo, hi = (1, 65) if c == 0 else (256 * c - 64, 256 * c)
+            mean = raw[lo:hi].astype(np.float64).mean(0).astype(np.float32)
+            shift[pos // 256 == c] = self._stored(mean[None])[0]
+        shift[pos == 0] = 0
+        y = self._restored(KF.quantize_groups(self._stored(x) - shift, self.groups[side]) + shift)
+        if self.keep_first and n0 == 0:
+            y[0] = x[0]
+        return y
+
+
+def sided(cls=Sided, **options):
     def make(model, n, **_):
-        return [Sided(model.n_kv, model.head_dim, **options) for _ in range(model.n_layers)]
+        return [cls(model.n_kv, model.head_dim, **options) for _ in range(model.n_layers)]
     return make
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("study", choices=["drift", "layers", "sides"])
+    ap.add_argument("study", choices=["drift", "layers", "sides", "young"])
     ap.add_argument("--text", default=os.path.join(HERE, "quality_text.txt"))
     ap.add_argument("--limit", type=int, default=1900, help="the text's first N tokens")
     ap.add_argument("--at", type=int, default=1879, help="drift: the query's position")
@@ -129,6 +155,11 @@ def main(argv=None):
         return report(model, args.text, args.limit,
                       [(name, centered_in(layers), {}) for name, layers in groups.items()])
     d = ia.FORMATS["default"]
+    if args.study == "young":
+        return report(model, args.text, args.limit,
+                      [("default", sided(**d), {}),
+                       ("young K and V", sided(Young, **d), {}),
+                       ("young K, V none", sided(Young, **d, sides=(True, False)), {})])
     report(model, args.text, args.limit,
            [("recent", sided(**ia.FORMATS["recent"]), {}), ("default", sided(**d), {}),
             ("K centered only", sided(**d, sides=(True, False)), {}),
