@@ -75,6 +75,14 @@ def tier(request):
         yield request.param
 
 
+@pytest.fixture
+def threads():
+    """Puts the thread count back after the test."""
+    before = ia.get_num_threads()
+    yield
+    ia.set_num_threads(before)
+
+
 def each_tier(fn):
     """{tier: fn()} with each tier of AGREEING active in turn."""
     outs = {}

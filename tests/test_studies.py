@@ -16,13 +16,6 @@ studies = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(studies)
 
 
-@pytest.fixture
-def threads():
-    before = ia.get_num_threads()
-    yield
-    ia.set_num_threads(before)
-
-
 def test_interleaved_timing_alternates_and_keeps_the_calls_apart():
     """The format-cost measurement: per round each fn twice in turn (the second call timed),
     each fn's times in its own list, after three untimed rounds of one call each."""

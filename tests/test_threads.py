@@ -12,13 +12,6 @@ from conftest import filled_cache
 from test_dispatch import run_python
 
 
-@pytest.fixture
-def threads():
-    before = ia.get_num_threads()
-    yield
-    ia.set_num_threads(before)
-
-
 @pytest.mark.parametrize("shape", [(8, 4, 128, 3000), (32, 8, 64, 1100), (6, 1, 1024, 2000),
                                    (4, 2, 48, 8001)])
 @pytest.mark.parametrize("q_bits", [16, 8])
