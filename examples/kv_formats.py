@@ -88,15 +88,20 @@ class EmulatedCache:
         if not self.quantize[side]:
             return x
         d = self.d if side == 0 else np.float32(1.0)
-        past0 = (n0 + np.arange(len(x)) >= 1)[:, None, None]     # position 0 is never centered
-        shift = 0
-        if self.offsets is not None:
-            shift = np.where(past0, self._stored(self.offsets[side] / d), 0)
+        shift = self._shift(len(x), side, n0, d)
         y = self._stored(x / d) - shift
         y = self._restored(quantize_groups(y, self.groups[side]) + shift) * d
         if self.keep_first and n0 == 0:
             y[0] = x[0]
         return y
+
+    def _shift(self, n, side, n0, d):
+        """What rows n0 .. n0 + n of one side are centered on, in the stored space: the side's
+        offset (0 before it is set; position 0 is never centered)."""
+        if self.offsets is None:
+            return 0
+        past0 = (n0 + np.arange(n) >= 1)[:, None, None]
+        return np.where(past0, self._stored(self.offsets[side] / d), 0)
 
     @property
     def k(self):

@@ -90,14 +90,8 @@ class Sided(KF.EmulatedCache):
         super().__init__(*args, **kwargs)
         self.sides = sides
 
-    def _through(self, x, side, n0):
-        if self.offsets is None or self.sides[side]:
-            return super()._through(x, side, n0)
-        offsets, self.offsets = self.offsets, None
-        try:
-            return super()._through(x, side, n0)
-        finally:
-            self.offsets = offsets
+    def _shift(self, n, side, n0, d):
+        return super()._shift(n, side, n0, d) if self.sides[side] else 0
 
 
 class Young(Sided):
@@ -105,21 +99,18 @@ class Young(Sided):
     on the mean of positions 256 c - 64 .. 256 c - 1 (rows the ring holds as the chunk starts),
     chunk 0 on positions 1 .. 64's."""
 
-    def _through(self, x, side, n0):
-        if self.offsets is None or not self.sides[side] or not self.quantize[side]:
-            return super()._through(x, side, n0)
+    def _shift(self, n, side, n0, d):
+        if self.offsets is None or not self.sides[side]:
+            return super()._shift(n, side, n0, d)
         raw = (self.raw_k, self.raw_v)[side]
-        pos = n0 + np.arange(len(x))
-        shift = np.zeros_like(x)
+        pos = n0 + np.arange(n)
+        shift = np.zeros((n,) + raw.shape[1:], np.float32)
         for c in np.unique(pos // 256):
             lo, hi = (1, 65) if c == 0 else (256 * c - 64, 256 * c)
             mean = raw[lo:hi].astype(np.float64).mean(0).astype(np.float32)
-            shift[pos // 256 == c] = self._stored(mean[None])[0]
+            shift[pos // 256 == c] = self._stored(mean[None] / d)[0]
         shift[pos == 0] = 0
-        y = self._restored(KF.quantize_groups(self._stored(x) - shift, self.groups[side]) + shift)
-        if self.keep_first and n0 == 0:
-            y[0] = x[0]
-        return y
+        return shift
 
 
 def sided(cls=Sided, **options):
