@@ -123,9 +123,162 @@ I8A_INLINE void i8a_kdots_rows_avx2(const i8a_query *q, const i8a_span *kv, int3
                           d, two, dh + j * I8A_CHUNK + s, dl + j * I8A_CHUNK + s);
 }
 
-/* i8a_kdots_rows_avx2 with the span's layout a constant (one run: a contiguous cache). */
+/* The tiled K pass, for groups of query rows (below): 8 rows at a time are transposed once
+ * into tiles, tile c holding quad c (dims [4c, 4c + 4)) of row r in 32-bit lane r, as stored (kt_s)
+ * and as |k| (kt_a): kt_s[32 c + 4 r + b] = k[s + r][4 c + b]. A head's dots with the 8 rows are
+ * then, per quad, the sign trick on its broadcast q word (vpsignb, vpmaddubsw, vpmaddwd, vpaddd),
+ * landing in row order: no row sums to reduce, and the transpose and |k| are shared by every
+ * head and plane of the group (4 vector ops per 32 products, against the row pass's 5 and its
+ * row sums). Rows past n repeat row n - 1; quads past d are not stored. */
+#define I8A_KTILE_ROWS_AVX2 8
+
+/* Quads [0, 8) of 8 rows, r[k] holding row k's 32 bytes, transposed: tile c (32 bytes at kt_s +
+ * 32 c) holds quad c of row k in word k, |k| of it at kt_a + 32 c; the tiles of quads below
+ * `quads` only. */
+I8A_INLINE void i8a_transpose8_avx2(const __m256i r[8], size_t quads, uint8_t *kt_s, uint8_t *kt_a)
+{
+    /* rows k, k + 1 interleaved by words; then u_c (128-bit half H: quad 4 H + c of rows 0-3),
+     * w_c (the same of rows 4-7) */
+    const __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+    const __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]), t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+    const __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]), t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+    const __m256i u[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
+                          _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+    const __m256i w[4] = {_mm256_unpacklo_epi64(t4, t6), _mm256_unpackhi_epi64(t4, t6),
+                          _mm256_unpacklo_epi64(t5, t7), _mm256_unpackhi_epi64(t5, t7)};
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m256i lo = _mm256_permute2x128_si256(u[c], w[c], 0x20);   /* quad c */
+        _mm256_store_si256((__m256i *)(kt_s + 32 * c), lo);
+        _mm256_store_si256((__m256i *)(kt_a + 32 * c), _mm256_abs_epi8(lo));
+        if (quads > 4) {
+            const __m256i hi = _mm256_permute2x128_si256(u[c], w[c], 0x31);  /* quad 4 + c */
+            _mm256_store_si256((__m256i *)(kt_s + 32 * (4 + c)), hi);
+            _mm256_store_si256((__m256i *)(kt_a + 32 * (4 + c)), _mm256_abs_epi8(hi));
+        }
+    }
+}
+
+/* Rows [s, s + 8) of a span into kt_s (as stored) and kt_a (|k|), dims 32 at a time; a tail of
+ * 16 dims (d a multiple of 16) loads its rows' bytes into the low halves and stores 4 quads. */
+I8A_INLINE void i8a_ktiles_avx2(const i8a_span *kv, const int8_t *const *rows, size_t s, size_t d,
+                                int one_run, uint8_t *kt_s, uint8_t *kt_a)
+{
+    const size_t n = kv->n;
+    const int8_t *src[I8A_KTILE_ROWS_AVX2];
+    for (size_t r = 0; r < I8A_KTILE_ROWS_AVX2; r++)
+        src[r] = i8a_krow_of(kv, rows, s + r < n ? s + r : n - 1, d, one_run);
+    __m256i r[8];
+    size_t i = 0;
+    for (; i + 32 <= d; i += 32) {
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++)
+            r[k] = _mm256_loadu_si256((const __m256i *)(src[k] + i));
+        i8a_transpose8_avx2(r, 8, kt_s + 8 * i, kt_a + 8 * i);
+    }
+    if (i < d) {
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++)
+            r[k] = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(src[k] + i)));
+        i8a_transpose8_avx2(r, 4, kt_s + 8 * i, kt_a + 8 * i);
+    }
+}
+
+/* dh (and dl) of heads [j, j + NH) for the 8 rows of the tiles: per quad, per head and plane, the
+ * sign trick on the broadcast q word (at most 8 accumulators). NH and TWO are constants at every
+ * call. */
+I8A_INLINE void i8a_ktile_dots_avx2(const i8a_query *q, const uint8_t *kt_s, const uint8_t *kt_a,
+                                    size_t s, size_t j, int nh, int two, int32_t *dh, int32_t *dl)
+{
+    const size_t d = q->d;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[4][2];
+#pragma GCC unroll 4
+    for (int h = 0; h < nh; h++)
+        acc[h][0] = acc[h][1] = _mm256_setzero_si256();
+    for (size_t c = 0; c < d / 4; c++) {
+        const __m256i xs = _mm256_load_si256((const __m256i *)(kt_s + 32 * c));
+        const __m256i xa = _mm256_load_si256((const __m256i *)(kt_a + 32 * c));
+#pragma GCC unroll 4
+        for (int h = 0; h < nh; h++) {
+            int32_t w;
+            memcpy(&w, q->q_hi + (j + (size_t)h) * d + 4 * c, sizeof w);
+            __m256i pr = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(_mm256_set1_epi32(w), xs));
+            acc[h][0] = _mm256_add_epi32(acc[h][0], _mm256_madd_epi16(pr, ones));
+            if (two) {
+                memcpy(&w, q->q_lo + (j + (size_t)h) * d + 4 * c, sizeof w);
+                pr = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(_mm256_set1_epi32(w), xs));
+                acc[h][1] = _mm256_add_epi32(acc[h][1], _mm256_madd_epi16(pr, ones));
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < nh; h++) {
+        const size_t at = (j + (size_t)h) * I8A_CHUNK + s;
+        _mm256_store_si256((__m256i *)(dh + at), acc[h][0]);
+        if (two)
+            _mm256_store_si256((__m256i *)(dl + at), acc[h][1]);
+    }
+}
+
+/* Heads whose q planes stay in L1 while they pass over a chunk's tiles (a larger group transposes
+ * each tile once per block of heads). */
+#define I8A_KTILE_HEADS_AVX2 64
+
+/* Exact dots of every query head's planes with rows [0, n), by tiles of 8 rows (above): dh[j *
+ * I8A_CHUNK + s], dl[...], up to the next multiple of 8 past n (those values unused). */
+I8A_INLINE void i8a_kdots_tiled_avx2(const i8a_query *q, const i8a_span *kv, int32_t *dh,
+                                     int32_t *dl, const int one_run)
+{
+    const size_t d = q->d, n = kv->n, nq = q->nq;
+    const int two = q->two_planes;
+    const int8_t *rows[I8A_CHUNK];
+    if (!one_run)
+        i8a_krows(kv, d, rows);
+    _Alignas(32) uint8_t kt_s[I8A_KTILE_ROWS_AVX2 * I8A_MAX_HEAD_DIM];
+    _Alignas(32) uint8_t kt_a[I8A_KTILE_ROWS_AVX2 * I8A_MAX_HEAD_DIM];
+    for (size_t j0 = 0; j0 < nq; j0 += I8A_KTILE_HEADS_AVX2) {
+        const size_t j1 = nq - j0 < I8A_KTILE_HEADS_AVX2 ? nq : j0 + I8A_KTILE_HEADS_AVX2;
+        for (size_t s = 0; s < n; s += I8A_KTILE_ROWS_AVX2) {
+            if (j0 == 0 && s < kv->next_n)     /* the next chunk's K, 8 rows per tile */
+                i8a_prefetch_rows(i8a_next_krow_of(kv, s, d, one_run),
+                                  (kv->next_n - s < I8A_KTILE_ROWS_AVX2 ? kv->next_n - s
+                                                                        : I8A_KTILE_ROWS_AVX2) * d);
+            i8a_ktiles_avx2(kv, rows, s, d, one_run, kt_s, kt_a);
+            for (size_t j = j0; j < j1; j += 4) {
+                const int nh = j1 - j >= 4 ? 4 : (int)(j1 - j);
+                switch (nh * 2 + two) {        /* NH and TWO as constants */
+                case 9: i8a_ktile_dots_avx2(q, kt_s, kt_a, s, j, 4, 1, dh, dl); break;
+                case 8: i8a_ktile_dots_avx2(q, kt_s, kt_a, s, j, 4, 0, dh, dl); break;
+                case 7: i8a_ktile_dots_avx2(q, kt_s, kt_a, s, j, 3, 1, dh, dl); break;
+                case 6: i8a_ktile_dots_avx2(q, kt_s, kt_a, s, j, 3, 0, dh, dl); break;
+                case 5: i8a_ktile_dots_avx2(q, kt_s, kt_a, s, j, 2, 1, dh, dl); break;
+                case 4: i8a_ktile_dots_avx2(q, kt_s, kt_a, s, j, 2, 0, dh, dl); break;
+                case 3: i8a_ktile_dots_avx2(q, kt_s, kt_a, s, j, 1, 1, dh, dl); break;
+                default: i8a_ktile_dots_avx2(q, kt_s, kt_a, s, j, 1, 0, dh, dl); break;
+                }
+            }
+        }
+    }
+}
+
+/* Query rows from which the tiled pass is the faster: its transpose is shared by the rows
+ * (benchmarks/kpass_avx2.c, one chunk of 256 rows, two planes, Zen 3 VM: tiled / row pass 1.17 at
+ * 2 rows, 0.99 at 3, 0.92 at 4, 0.78 at 8 to 128, D = 128; 1.01 at 4, 0.69 at 128, D = 256). */
+#define I8A_KTILE_MIN_ROWS_AVX2 4
+
+/* The K pass: tiled for a group of I8A_KTILE_MIN_ROWS_AVX2 rows or more, else row by row; the
+ * span's layout a constant (one run: a contiguous cache). */
 static inline void i8a_kdots_avx2(const i8a_query *q, const i8a_span *kv, int32_t *dh, int32_t *dl)
 {
+    if (q->nq >= I8A_KTILE_MIN_ROWS_AVX2) {    /* the tiled pass */
+        if (i8a_one_run(kv))
+            i8a_kdots_tiled_avx2(q, kv, dh, dl, 1);
+        else
+            i8a_kdots_tiled_avx2(q, kv, dh, dl, 0);
+        return;
+    }
     if (i8a_one_run(kv))
         i8a_kdots_rows_avx2(q, kv, dh, dl, 1);
     else
