@@ -10,14 +10,15 @@
 
 /* The rotation of rotate/scalar.h, stage by stage the same additions and subtractions. A group of
  * N registers (N * 8 floats, N = 1, 2, 4, 8) goes through every stage below N * 8 without
- * leaving registers: h = 1, 2, 4 inside each register (partner lane i ^ h by a permute; lanes
+ * leaving registers: h = 1, 2, 4 inside each register (partner lane i ^ h by a shuffle; lanes
  * with bit h set take partner - self, the others self + partner), then h = 8 .. between
  * registers. Wider stages (blocks over 64) are rotate/scalar.h's passes over memory. */
-/* One stage inside a register: partner lane i ^ h (idx), lanes in hi take partner - self. */
-static inline __m256 i8a_rot_lanes_avx2(__m256 v, __m256i idx, __m256 hi)
+/* One stage inside a register, p the partner lanes: p + v * m, m = -1 in the lanes with bit h
+ * set and +1 in the others. v * m is exact, so the fused step rounds the exact sum p - v or
+ * v + p once, as the scalar rule's subtraction or addition does (signed zeros included). */
+static inline __m256 i8a_rot_lanes_avx2(__m256 v, __m256 p, __m256 m)
 {
-    const __m256 p = _mm256_permutevar8x32_ps(v, idx);
-    return _mm256_blendv_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), hi);
+    return _mm256_fmadd_ps(v, m, p);
 }
 
 /* Stage h (in registers) over the n registers of a group: (r[j], r[j + h]) for j & h == 0. */
@@ -36,12 +37,9 @@ I8A_INLINE void
 i8a_rot_groups_avx2(const float *in, size_t d, const float *sign, int inverse, int n, int whole,
                     __m256 scale, float *x)
 {
-    const __m256i i1 = _mm256_setr_epi32(1, 0, 3, 2, 5, 4, 7, 6);
-    const __m256i i2 = _mm256_setr_epi32(2, 3, 0, 1, 6, 7, 4, 5);
-    const __m256i i4 = _mm256_setr_epi32(4, 5, 6, 7, 0, 1, 2, 3);
-    const __m256 h1 = _mm256_castsi256_ps(_mm256_setr_epi32(0, -1, 0, -1, 0, -1, 0, -1));
-    const __m256 h2 = _mm256_castsi256_ps(_mm256_setr_epi32(0, 0, -1, -1, 0, 0, -1, -1));
-    const __m256 h4 = _mm256_castsi256_ps(_mm256_setr_epi32(0, 0, 0, 0, -1, -1, -1, -1));
+    const __m256 m1 = _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1);
+    const __m256 m2 = _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1);
+    const __m256 m4 = _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1);
     for (size_t g = 0; g < d; g += (size_t)n * 8) {
         __m256 r[8];
 #pragma GCC unroll 8
@@ -49,9 +47,9 @@ i8a_rot_groups_avx2(const float *in, size_t d, const float *sign, int inverse, i
             __m256 v = _mm256_loadu_ps(in + g + 8 * j);
             if (!inverse)
                 v = _mm256_mul_ps(v, _mm256_loadu_ps(sign + g + 8 * j));
-            v = i8a_rot_lanes_avx2(v, i1, h1);
-            v = i8a_rot_lanes_avx2(v, i2, h2);
-            r[j] = i8a_rot_lanes_avx2(v, i4, h4);
+            v = i8a_rot_lanes_avx2(v, _mm256_permute_ps(v, 0xB1), m1);   /* lanes 1 0 3 2 .. */
+            v = i8a_rot_lanes_avx2(v, _mm256_permute_ps(v, 0x4E), m2);   /* lanes 2 3 0 1 .. */
+            r[j] = i8a_rot_lanes_avx2(v, _mm256_permute2f128_ps(v, v, 0x01), m4);  /* halves */
         }
         if (n > 1)
             i8a_rot_regs_avx2(r, n, 1);
