@@ -444,6 +444,9 @@ def main(argv=None):
     ap.add_argument("--formats", nargs="+", choices=[*ia.FORMATS, *BITS], default=None,
                     help="--compare: only these formats (default: every int8 format of "
                          "int8attn.FORMATS and the 4-bit ones: k4v4, k8v4, k4v8)")
+    ap.add_argument("--recent", type=int, default=None, metavar="R",
+                    help="--compare: the 4-bit formats' recent window (default: the default "
+                         "format's, 64)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     model = Gemma3(model_path())
@@ -458,6 +461,9 @@ def main(argv=None):
     variants = VARIANTS if args.formats is None else VARIANTS[:2] + tuple(
         (f"int8, {name}", "int8", ia.FORMATS[name]) if name in ia.FORMATS
         else (f"4-bit, {name}", "kv", BITS[name]) for name in args.formats)
+    if args.recent is not None:
+        variants = tuple((f"{name}, recent {args.recent}", kind, {**opts, "recent": args.recent})
+                         if kind == "kv" else (name, kind, opts) for name, kind, opts in variants)
     rep = compare(model, args.text, args.first, chunk=None, rotation_seed=args.rotation_seed,
                   variants=variants, limit=args.limit, stream=args.stream,
                   progress=lambda m: print(m, file=sys.stderr, flush=True))
