@@ -299,6 +299,32 @@ def test_float16_rows_are_read_as_their_values():
     assert not raw.any()
 
 
+def test_every_finite_float16_is_widened_to_its_value():
+    """Each of the 63488 finite halves (subnormals, both zeros, the largest) as k, v and q
+    gives the pool and the output that the same values as float32 give, bit for bit; a NaN
+    half, whatever its payload, is refused as Inf is."""
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    half = bits.view(np.float16)
+    finite = half[np.isfinite(half)]                          # 63488 values
+    rows = finite[:len(finite) // 64 * 64].reshape(-1, 1, 64)   # 992 rows of 64
+    n = len(rows)
+    pools = []
+    for conv in (lambda x: x, lambda x: x.astype(np.float32)):
+        pool = ia.PagedKVCache(1, 64, 16, n // 16 + 1, open_blocks=2)
+        pool.write(np.arange(n), conv(rows), conv(rows[::-1].copy()))
+        out = pool.attend(conv(rows[:8, :, :].reshape(8, 1, 64) / 4096), [0, 8], [n],
+                          [np.arange(n // 16 + 1)])
+        pools.append((pool.buffer.copy(), out))
+    np.testing.assert_array_equal(pools[0][0], pools[1][0])
+    np.testing.assert_array_equal(pools[0][1].view(np.int32), pools[1][1].view(np.int32))
+    pool = ia.PagedKVCache(1, 64, 16, 2)
+    for payload in (0x7c01, 0xfe00, 0x7fff):
+        k = np.zeros((1, 1, 64), np.float16)
+        k.view(np.uint16)[0, 0, 7] = payload
+        with pytest.raises(ValueError, match=r"k holds NaN or Inf.*row 0, kv head 0"):
+            pool.write(np.arange(1), k, np.zeros_like(k))
+
+
 def test_bfloat16_rows_are_read_as_their_values():
     """torch bfloat16 k, v and q (a serving engine's model dtype) give the bits of the same values
     as float32, and out= bfloat16 is the float32 result as torch rounds it."""

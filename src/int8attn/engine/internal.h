@@ -54,18 +54,15 @@ static inline const float *i8a_row_f32(const void *x, size_t i, size_t d, int ty
     if (type == I8A_F32)
         return (const float *)x + i * d;
     const uint16_t *h = (const uint16_t *)x + i * d;
-    for (size_t j = 0; j < d; j++) {
-        uint32_t b = (uint32_t)h[j] << 16;                      /* bfloat16: the top half */
-        if (type == I8A_F16) {
-            if ((h[j] & 0x7c00u) != 0x7c00u) {                  /* finite: i8a_half_value */
-                tmp[j] = i8a_half_value(h[j]);
-                continue;
-            }
-            /* a half's Inf or NaN (i8a_half_value takes finite halves only) */
-            b = (uint32_t)(h[j] & 0x8000u) << 16 | 0x7f800000u | (uint32_t)(h[j] & 0x3ffu) << 13;
+    if (type == I8A_BF16) {
+        for (size_t j = 0; j < d; j++) {
+            const uint32_t b = (uint32_t)h[j] << 16;            /* the top half */
+            memcpy(tmp + j, &b, sizeof b);
         }
-        memcpy(tmp + j, &b, sizeof b);
+        return tmp;
     }
+    for (size_t j = 0; j < d; j++)
+        tmp[j] = i8a_half_value(h[j]);                          /* exact, Inf and NaN too */
     return tmp;
 }
 

@@ -11,7 +11,8 @@
  * |x| * 2^24 rounded to an integer by adding 2^23 (exact steps, then one rounding to nearest
  * even: the default mode, which the quantizer's rintf also assumes). Branch-free, so that a
  * row's loop vectorizes at the baseline ISA. i8a_half_value: its value, exact (every half is a
- * float). Plain C, so the engine and the scalar tier share it; the SIMD tiers widen with their
+ * float; Inf and NaN keep their mantissa bits), branch-free as well (no subnormal float made or
+ * read: flush-to-zero modes do not change it). Plain C, so the engine and the scalar tier share it; the SIMD tiers widen with their
  * own instructions (exact too: the same floats). */
 static inline uint16_t i8a_half_bits(float x)
 {
@@ -30,12 +31,14 @@ static inline uint16_t i8a_half_bits(float x)
 
 static inline float i8a_half_value(uint16_t h)
 {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    if (e == 0) {
-        const float x = (float)m * 0x1p-24f;    /* subnormal (or zero): exact */
-        return sign ? -x : x;
-    }
-    const uint32_t b = sign | ((e + 112u) << 23) | (m << 13);
+    const uint32_t e = h & 0x7c00u, m = h & 0x3ffu;
+    const float small = (float)(int32_t)m * 0x1p-24f;  /* subnormal or zero: exact, a normal float */
+    uint32_t sb, b;
+    memcpy(&sb, &small, sizeof sb);
+    const uint32_t zero = 0u - (uint32_t)(e == 0), top = 0u - (uint32_t)(e == 0x7c00u);  /* masks */
+    const uint32_t normal = ((uint32_t)(h & 0x7fffu) << 13) + (112u << 23);    /* exponent rebased */
+    b = (uint32_t)(h & 0x8000u) << 16 | (sb & zero) | ((0x7f800000u | m << 13) & top)
+        | (normal & ~(zero | top));
     float x;
     memcpy(&x, &b, sizeof x);
     return x;
