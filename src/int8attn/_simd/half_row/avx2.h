@@ -25,13 +25,13 @@ static float i8a_half_row_avx2(const float *x, size_t d, uint16_t *h)
         return 1.0f;
     }
     const int e = i8a_half_exponent(top);
-    const __m256 down = _mm256_set1_ps(ldexpf(1.0f, -e));
+    const __m256 down = _mm256_set1_ps(i8a_pow2f(-e));
     for (size_t i = 0; i < d; i += 8) {
         const __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i), down);
         _mm_storeu_si128((__m128i *)(h + i),
                          _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
-    return ldexpf(1.0f, e);
+    return i8a_pow2f(e);
 }
 
 #endif

@@ -22,13 +22,13 @@ static float i8a_half_row_avx512_vnni(const float *x, size_t d, uint16_t *h)
         return 1.0f;
     }
     const int e = i8a_half_exponent(top);
-    const __m512 down = _mm512_set1_ps(ldexpf(1.0f, -e));
+    const __m512 down = _mm512_set1_ps(i8a_pow2f(-e));
     for (size_t i = 0; i < d; i += 16) {
         const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + i), down);
         _mm256_storeu_si256((__m256i *)(h + i),
                             _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
-    return ldexpf(1.0f, e);
+    return i8a_pow2f(e);
 }
 
 #endif

@@ -22,10 +22,10 @@ static float i8a_half_row_neon(const float *x, size_t d, uint16_t *h)
         return 1.0f;
     }
     const int e = i8a_half_exponent(top);
-    const float32x4_t down = vdupq_n_f32(ldexpf(1.0f, -e));
+    const float32x4_t down = vdupq_n_f32(i8a_pow2f(-e));
     for (size_t i = 0; i < d; i += 4)
         vst1_u16(h + i, vreinterpret_u16_f16(vcvt_f16_f32(vmulq_f32(vld1q_f32(x + i), down))));
-    return ldexpf(1.0f, e);
+    return i8a_pow2f(e);
 }
 
 #endif

@@ -52,12 +52,26 @@ static inline float i8a_half_value(uint16_t h)
  * rounded half in [2^14, 2^15), at least I8A_HALF_EXP_MIN. Rounding is monotone, so top alone
  * says whether the row rounds up to 2^15 at e - 15; the next exponent then takes it (and its
  * largest is 2^14). */
+/* 2^e as a float, for -126 <= e <= 127 (a normal float: its bits, no libm call). */
+static inline float i8a_pow2f(int e)
+{
+    const uint32_t b = (uint32_t)(e + 127) << 23;
+    float x;
+    memcpy(&x, &b, sizeof x);
+    return x;
+}
+
 static inline int i8a_half_exponent(float top)
 {
+    uint32_t b;
+    memcpy(&b, &top, sizeof b);
     int e;
-    frexpf(top, &e);                    /* top in [2^(e-1), 2^e) */
+    if (b >= 0x00800000u)               /* normal: top in [2^(e-1), 2^e) from its exponent */
+        e = (int)(b >> 23) - 126;
+    else
+        frexpf(top, &e);                /* subnormal, the same rule */
     e = e - 15 > I8A_HALF_EXP_MIN ? e - 15 : I8A_HALF_EXP_MIN;
-    if ((i8a_half_bits(top * ldexpf(1.0f, -e)) & 0x7fffu) >= 0x7800u)
+    if ((i8a_half_bits(top * i8a_pow2f(-e)) & 0x7fffu) >= 0x7800u)
         e++;
     return e;
 }
@@ -74,10 +88,10 @@ static inline float i8a_half_row_body(const float *x, size_t d, uint16_t *h)
         return 1.0f;
     }
     const int e = i8a_half_exponent(top);
-    const float down = ldexpf(1.0f, -e);        /* 2^-e, a normal float (-50 <= -e <= 100) */
+    const float down = i8a_pow2f(-e);   /* 2^-e, a normal float (-57 <= -e <= 100: rows within 2^70) */
     for (size_t i = 0; i < d; i++)
         h[i] = i8a_half_bits(x[i] * down);
-    return ldexpf(1.0f, e);
+    return i8a_pow2f(e);
 }
 
 static inline float i8a_half_row_scalar(const float *x, size_t d, uint16_t *h)
