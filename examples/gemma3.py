@@ -436,7 +436,7 @@ def layer_group(text):
             a, _, b = part.partition("-")
             group.update(range(int(a), int(b or a) + 1))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"a group of layers is like 0-5 or 2,4,7, got {text!r}")
+        group = set()
     if not group or min(group) < 0:
         raise argparse.ArgumentTypeError(f"a group of layers is like 0-5 or 2,4,7, got {text!r}")
     return frozenset(group)
@@ -444,8 +444,8 @@ def layer_group(text):
 
 def layer_label(group):
     """The set of layers as layer_group reads it, runs as a-b: {0, 1, 2, 9} -> '0-2,9'."""
-    runs, ordered = [], sorted(group)
-    for i in ordered:
+    runs = []
+    for i in sorted(group):
         if runs and i == runs[-1][1] + 1:
             runs[-1][1] = i
         else:
@@ -506,9 +506,8 @@ def main(argv=None):
             if max(group) >= model.n_layers:
                 ap.error(f"--layers: the model has layers 0-{model.n_layers - 1}, got {max(group)}")
         variants = variants[:1] + tuple(
-            (f"{name}, layers {label}", kind, {**opts, "layers": group})
-            for name, kind, opts in variants[1:] if kind in QUANTIZED
-            for label, group in ((layer_label(g), g) for g in args.layers))
+            (f"{name}, layers {layer_label(group)}", kind, {**opts, "layers": group})
+            for name, kind, opts in variants[1:] if kind in QUANTIZED for group in args.layers)
     rep = compare(model, args.text, args.first, chunk=None, rotation_seed=args.rotation_seed,
                   variants=variants, limit=args.limit, stream=args.stream,
                   progress=lambda m: print(m, file=sys.stderr, flush=True))

@@ -12,8 +12,8 @@
  * even: the default mode, which the quantizer's rintf also assumes). Branch-free, so that a
  * row's loop vectorizes at the baseline ISA. i8a_half_value: its value, exact (every half is a
  * float; Inf and NaN keep their mantissa bits), branch-free as well (no subnormal float made or
- * read: flush-to-zero modes do not change it). Plain C, so the engine and the scalar tier share it; the SIMD tiers widen with their
- * own instructions (exact too: the same floats). */
+ * read: flush-to-zero modes do not change it). Plain C, so the engine and the scalar tier share
+ * it; the SIMD tiers widen with their own instructions (exact too: the same floats). */
 static inline uint16_t i8a_half_bits(float x)
 {
     uint32_t b, sb;
@@ -32,13 +32,23 @@ static inline uint16_t i8a_half_bits(float x)
 static inline float i8a_half_value(uint16_t h)
 {
     const uint32_t e = h & 0x7c00u, m = h & 0x3ffu;
-    const float small = (float)(int32_t)m * 0x1p-24f;  /* subnormal or zero: exact, a normal float */
-    uint32_t sb, b;
+    /* a subnormal's (or zero's) value, exact and a normal float */
+    const float small = (float)(int32_t)m * 0x1p-24f;
+    uint32_t sb;
     memcpy(&sb, &small, sizeof sb);
     const uint32_t zero = 0u - (uint32_t)(e == 0), top = 0u - (uint32_t)(e == 0x7c00u);  /* masks */
-    const uint32_t normal = ((uint32_t)(h & 0x7fffu) << 13) + (112u << 23);    /* exponent rebased */
-    b = (uint32_t)(h & 0x8000u) << 16 | (sb & zero) | ((0x7f800000u | m << 13) & top)
-        | (normal & ~(zero | top));
+    const uint32_t normal = ((uint32_t)(h & 0x7fffu) << 13) + (112u << 23);   /* rebased */
+    const uint32_t b = (uint32_t)(h & 0x8000u) << 16 | (sb & zero)
+                       | ((0x7f800000u | m << 13) & top) | (normal & ~(zero | top));
+    float x;
+    memcpy(&x, &b, sizeof x);
+    return x;
+}
+
+/* 2^e as a float, for -126 <= e <= 127 (a normal float: its bits, no libm call). */
+static inline float i8a_pow2f(int e)
+{
+    const uint32_t b = (uint32_t)(e + 127) << 23;
     float x;
     memcpy(&x, &b, sizeof x);
     return x;
@@ -52,15 +62,6 @@ static inline float i8a_half_value(uint16_t h)
  * rounded half in [2^14, 2^15), at least I8A_HALF_EXP_MIN. Rounding is monotone, so top alone
  * says whether the row rounds up to 2^15 at e - 15; the next exponent then takes it (and its
  * largest is 2^14). */
-/* 2^e as a float, for -126 <= e <= 127 (a normal float: its bits, no libm call). */
-static inline float i8a_pow2f(int e)
-{
-    const uint32_t b = (uint32_t)(e + 127) << 23;
-    float x;
-    memcpy(&x, &b, sizeof x);
-    return x;
-}
-
 static inline int i8a_half_exponent(float top)
 {
     uint32_t b;
@@ -88,7 +89,7 @@ static inline float i8a_half_row_body(const float *x, size_t d, uint16_t *h)
         return 1.0f;
     }
     const int e = i8a_half_exponent(top);
-    const float down = i8a_pow2f(-e);   /* 2^-e, a normal float (-57 <= -e <= 100: rows within 2^70) */
+    const float down = i8a_pow2f(-e);   /* 2^-e, normal: -57 <= -e <= 100 (rows within 2^70) */
     for (size_t i = 0; i < d; i++)
         h[i] = i8a_half_bits(x[i] * down);
     return i8a_pow2f(e);
