@@ -22,6 +22,9 @@ The quantizers (``levels`` = 2^bits):
   get a minimum and a step (asymmetric, ``*_sym=False``) or a step alone (symmetric, codes
   -(levels/2 - 1) .. levels/2 - 1), fp16; or a 16-level normal-float codebook (``v_codebook``,
   QLoRA's NF4 levels times the group's absmax).
+- K's widest channels (``k_wide`` = a fraction w of the channels, ``k_wide_bits`` = b): in each
+  K group, per kv head, the w D channels with the largest max - min take b-bit codes (the same
+  min/max rule), the rest ``k_bits``; which ones is a mask of D bits a group.
 - 8 bits: the int8 cache's row quantizer (absmax / 127 per row).
 - ``rotate_k``, ``rotate_v``: the cache's random-sign Hadamard rotation before quantizing.
 
@@ -88,16 +91,21 @@ class LowBitCache:
     """One layer's cache in an emulated low-bit format (see the module docstring). Options:
     k_bits, v_bits (8, 4 or 2); k_mode "channel" (groups of k_group tokens) or "token" (groups of
     k_group channels); v_group channels; k_sym, v_sym; v_codebook; rotate_k, rotate_v with
-    rotation_seed; keep_first; recent."""
+    rotation_seed; keep_first; recent; k_wide, k_wide_bits (K per channel only)."""
 
     def __init__(self, n_kv, head_dim, *, k_bits=4, v_bits=4, k_mode="channel", k_group=64,
                  v_group=32, k_sym=False, v_sym=False, v_codebook=False, rotate_k=False,
-                 rotate_v=False, keep_first=True, recent=64, rotation_seed=0):
+                 rotate_v=False, keep_first=True, recent=64, rotation_seed=0, k_wide=0.0,
+                 k_wide_bits=8):
         if k_mode == "channel" and recent < k_group:
             raise ValueError(f"recent={recent} must cover a K group of {k_group} tokens")
+        if not 0.0 <= k_wide <= 1.0 or (k_wide and k_wide_bits <= k_bits):
+            raise ValueError(f"k_wide={k_wide} must lie in [0, 1] and k_wide_bits={k_wide_bits} "
+                             f"exceed k_bits={k_bits}")
         self.opt = dict(k_bits=k_bits, v_bits=v_bits, k_mode=k_mode, k_group=k_group,
                         v_group=v_group, k_sym=k_sym, v_sym=v_sym,
-                        v_codebook=NF4 if v_codebook else None)
+                        v_codebook=NF4 if v_codebook else None,
+                        k_wide=int(round(k_wide * head_dim)), k_wide_bits=k_wide_bits)
         sign = R.rotation_signs(head_dim, rotation_seed)
         self.sign = (sign if rotate_k else None, sign if rotate_v else None)
         self.keep_first, self.recent = keep_first, recent
@@ -137,9 +145,20 @@ class LowBitCache:
             lo = 1 if (a == 0 and self.keep_first) else 0      # position 0 stays out
             y = x.copy()
             y[lo:] = uniform(x[lo:], 0, o["k_bits"], o["k_sym"])
+            if o["k_wide"]:                     # the group's widest channels at k_wide_bits
+                span = x[lo:].max(0) - x[lo:].min(0)                    # [n_kv, D]
+                top = np.argsort(-span, axis=-1)[:, :o["k_wide"]]
+                wide = np.zeros(span.shape, bool)
+                np.put_along_axis(wide, top, True, axis=-1)
+                y[lo:] = np.where(wide, uniform(x[lo:], 0, o["k_wide_bits"], o["k_sym"]), y[lo:])
             parts.append(self._rot(y, 0, inverse=True))
         parts.append(self.raw[0][done:])        # incomplete: read from the window anyway
         self.coded[0] = np.concatenate(parts)
+
+    def prefill(self, k, v, q, *, scale, window=None):
+        """append(k, v), then decode(q): gemma3.compare's one call per block of positions."""
+        self.append(k, v)
+        return self.decode(q, scale=scale, window=window)
 
     def decode(self, q, *, scale, window=None):
         """Attention of q [T, H, D] (the last T positions) with each query's own window."""
@@ -181,7 +200,9 @@ def bits(opts, d=128):
             continue
         g = opts.get(f"{side}_group", 64 if side == "k" else 32) or d
         params = 1 if (opts.get(f"{side}_sym") or (side == "v" and opts.get("v_codebook"))) else 2
-        out.append(b + 16 * params / g)
+        wide = opts.get("k_wide", 0.0) if side == "k" else 0.0  # wider channels, a mask of them
+        extra = opts.get("k_wide_bits", 8) - b
+        out.append(b + 16 * params / g + (wide * extra + 1 / g if wide else 0))
     return out
 
 
@@ -215,6 +236,15 @@ FORMATS = {
     "k4g64-v8": dict(k_group=64, v_bits=8, rotate_v=True),
     "k4g64-v2g32": dict(k_group=64, v_bits=2, v_group=32),
     "k8-v8": dict(k_bits=8, v_bits=8, rotate_k=True, rotate_v=True),
+    "k4g32w16-v4rowrot": dict(k_group=32, k_wide=1 / 16, v_group=None, rotate_v=True),
+    "k4g32w8-v4rowrot": dict(k_group=32, k_wide=1 / 8, v_group=None, rotate_v=True),
+    "k4g32w4-v4rowrot": dict(k_group=32, k_wide=1 / 4, v_group=None, rotate_v=True),
+    "k4g32w8b6-v4rowrot": dict(k_group=32, k_wide=1 / 8, k_wide_bits=6, v_group=None, rotate_v=True),
+    "k4g32w4b6-v4rowrot": dict(k_group=32, k_wide=1 / 4, k_wide_bits=6, v_group=None, rotate_v=True),
+    "k4g32w4b5-v4rowrot": dict(k_group=32, k_wide=1 / 4, k_wide_bits=5, v_group=None, rotate_v=True),
+    "k4g32w2b5-v4rowrot": dict(k_group=32, k_wide=1 / 2, k_wide_bits=5, v_group=None, rotate_v=True),
+    "k4g32w7/16b5-v4rowrot": dict(k_group=32, k_wide=7 / 16, k_wide_bits=5, v_group=None,
+                                  rotate_v=True),
 }
 
 
@@ -226,6 +256,7 @@ def main(argv=None):
     ap.add_argument("--bytes", type=int, default=None, help="only the text's first N bytes")
     ap.add_argument("--seed", type=int, default=0, help="rotation seed")
     ap.add_argument("--first", type=int, default=1000)
+    ap.add_argument("--limit", type=int, default=None, help="only the text's first N tokens")
     args = ap.parse_args(argv)
     text = args.text
     if args.bytes:
@@ -240,7 +271,7 @@ def main(argv=None):
     variants = [("fp32", "fp32", {})] + [
         (name, emulated, dict(FORMATS[name], rotation_seed=args.seed)) for name in args.formats]
     t0 = time.perf_counter()
-    rep = gemma3.compare(model, text, args.first, variants=variants,
+    rep = gemma3.compare(model, text, args.first, variants=variants, limit=args.limit,
                          progress=lambda m: print(m, file=sys.stderr, flush=True))
     print(f"{os.path.basename(args.text)}{f' (first {args.bytes} bytes)' if args.bytes else ''}, "
           f"rotation seed {args.seed} ({time.perf_counter() - t0:.0f} s): {rep['positions']} "
