@@ -63,7 +63,8 @@ def test_the_store_layout_is_what_the_cache_allocates(bits, opts):
     if bits[0] == 8:
         want.update(k_codes=("b", (hkv, cap, d)), k_scale=("f", (hkv, cap)))
     else:
-        want.update(k4=("B", (hkv, cap, d // 2)), k4_min=("H", (hkv, groups, d)),
+        want.update(k4=("B", (hkv, cap, d // 2)), k4_wide=("B", (hkv, cap, d // 16)),
+                    k4_min=("H", (hkv, groups, d)),
                     k4_step=("H", (hkv, groups, d)), k4_min_scale=("f", (hkv, groups)),
                     k4_step_scale=("f", (hkv, groups)))
     if bits[1] == 8:

@@ -18,7 +18,7 @@ for _kb, _vb in ((8, 4), (4, 4), (4, 8)):
         FORMATS[f"k{_kb}v{_vb}{'' if _rot else '-plain'}"] = dict(k_bits=_kb, v_bits=_vb,
                                                                   rotate=_rot)
 K4 = [name for name, fmt in FORMATS.items() if fmt.get("k_bits") == 4]
-K4_BUFFERS = ("k4", "k4_min", "k4_step", "k4_min_scale", "k4_step_scale")
+K4_BUFFERS = ("k4", "k4_wide", "k4_min", "k4_step", "k4_min_scale", "k4_step_scale")
 HKV, D, CAP = 2, 64, 400
 
 
@@ -58,14 +58,14 @@ def assert_same_cache(a, b):
 
 
 def assert_k4_buffers_fresh_above(cache, partial_kept=False):
-    """K's 4-bit buffers hold zeros from the cache's length on (codes) and from its first
-    incomplete group on (minima, steps and their scales: past it when a truncate deeper than the
-    ring kept it), as a fresh cache's do."""
+    """K's 4-bit buffers hold zeros from the cache's length on (codes, fifth bits) and from its
+    first incomplete group on (minima, steps and their scales: past it when a truncate deeper
+    than the ring kept it), as a fresh cache's do."""
     n = len(cache)
     g = -(-n // 32) if partial_kept else n // 32
-    codes = cache._copy("k4")
-    assert not codes[:, n:].any(), "stale K codes above the length"
-    for name in K4_BUFFERS[1:]:
+    for name in K4_BUFFERS[:2]:               # by position: the codes, the fifth bits
+        assert not cache._copy(name)[:, n:].any(), f"stale {name} above the length"
+    for name in K4_BUFFERS[2:]:
         assert not cache._copy(name)[:, g:].any(), f"stale {name} above the complete groups"
 
 

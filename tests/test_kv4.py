@@ -241,11 +241,22 @@ def test_save_and_load_are_exact(tmp_path, widths):
     with pytest.raises(ValueError, match="load it as a KVCache"):
         ia.Int8KVCache.load(tmp_path / "c.npz")
     s = cache.state_dict()
-    side = "k" if widths[0] == 4 else "v"
-    bad = dict(s, **{f"{side}_codes": s[f"{side}_codes"] + 16})
-    with pytest.raises(ValueError, match=f"{side}_codes holds codes above 15"):
+    side, top = ("k", 31) if widths[0] == 4 else ("v", 15)
+    bad = dict(s, **{f"{side}_codes": s[f"{side}_codes"] + top + 1})
+    with pytest.raises(ValueError, match=f"{side}_codes holds codes above {top}"):
         ia.KVCache.from_state_dict(bad)
     if widths[0] == 4:
+        # 16 in a channel that is not wide (an even step half) at kv head 1, position 37
+        step = s["k_group_step"][1, 1]
+        halves, _ = R._halves(step)
+        narrow = int(np.flatnonzero((halves.view(np.uint16) & 1) == 0)[0])
+        codes = s["k_codes"].copy()
+        codes[1, 37, narrow] = 16
+        with pytest.raises(ValueError, match=r"a code above 15 in a channel whose k_group_step "
+                                             r"is not a wide channel's .*\[1, 37\]"):
+            ia.KVCache.from_state_dict(dict(s, k_codes=codes))
+        wide = int(np.flatnonzero(halves.view(np.uint16) & 1)[0])
+        assert codes[1, 32:64, wide].max() > 15          # the wide channels use their fifth bit
         odd = dict(s, k_group_min=s["k_group_min"] + np.float32(1e-3))
         with pytest.raises(ValueError, match="not halves times a power of two"):
             ia.KVCache.from_state_dict(odd)
@@ -275,10 +286,11 @@ def test_an_empty_or_reset_cache_saves_and_loads(tmp_path, widths):
 
 
 def test_memory_at_llama_3_8b_shape():
-    """4/4 holds at most 0.6x the bytes of 8/8 at 8192 tokens (Hkv = 8, D = 128)."""
+    """4/4 holds at most 0.62x the bytes of 8/8 at 8192 tokens (Hkv = 8, D = 128): issue 41's
+    bound, with K's wide channels' fifth bits."""
     eight = ia.Int8KVCache(8, 8192, 128).nbytes
     sizes = {w: ia.KVCache(8, 8192, 128, k_bits=w[0], v_bits=w[1]).nbytes for w in WIDTHS}
-    assert sizes[4, 4] <= 0.6 * eight
+    assert sizes[4, 4] <= 0.62 * eight
     assert sizes[4, 4] < sizes[8, 4] < eight and sizes[4, 4] < sizes[4, 8] < eight
 
 

@@ -82,8 +82,8 @@ def _cache_for(case):
 
 # The buffers a decode streams (the store's names, KVCache._buffers): the codes and scales, K's
 # groups at 4 bits and V's minima; not the float rows of position 0, the offsets or the ring.
-_STREAMED = ("k_codes", "k_scale", "k4", "k4_min", "k4_step", "k4_min_scale", "k4_step_scale",
-             "v_codes", "v_scale", "v4", "v4_min")
+_STREAMED = ("k_codes", "k_scale", "k4", "k4_wide", "k4_min", "k4_step", "k4_min_scale",
+             "k4_step_scale", "v_codes", "v_scale", "v4", "v4_min")
 
 
 def cache_bytes(case):

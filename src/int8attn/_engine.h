@@ -83,6 +83,8 @@ typedef struct {
      * bits is never rotated (k_sign NULL) and neither side is centered. */
     int k_bits, v_bits;
     uint8_t *k4;                /* [n_kv_heads][max_seq][head_dim / 2] nibble blocks */
+    uint8_t *k4_wide;           /* [n_kv_heads][max_seq][head_dim / 16] the wide channels' fifth
+                                 * bits (k4/scalar.h) */
     uint16_t *k4_min, *k4_step; /* [n_kv_heads][k4 groups][head_dim] halves per group */
     float *k4_min_scale, *k4_step_scale;  /* [n_kv_heads][k4 groups] their powers of two */
     uint8_t *v4;                /* [n_kv_heads][ceil(max_seq / 4)][2 head_dim] tiles of nibbles */
@@ -105,7 +107,7 @@ typedef struct {
 /* The buffers of a cache, by the i8a_cache field each backs (the order of i8a_store_layout's
  * table). */
 enum {
-    I8A_BUF_K_CODES, I8A_BUF_K_SCALE, I8A_BUF_K4, I8A_BUF_K4_MIN, I8A_BUF_K4_STEP,
+    I8A_BUF_K_CODES, I8A_BUF_K_SCALE, I8A_BUF_K4, I8A_BUF_K4_WIDE, I8A_BUF_K4_MIN, I8A_BUF_K4_STEP,
     I8A_BUF_K4_MIN_SCALE, I8A_BUF_K4_STEP_SCALE, I8A_BUF_V_CODES, I8A_BUF_V_SCALE, I8A_BUF_V4,
     I8A_BUF_V4_MIN, I8A_BUF_K_FIRST, I8A_BUF_V_FIRST, I8A_BUF_K_OFFSET, I8A_BUF_V_OFFSET,
     I8A_BUF_K_RECENT, I8A_BUF_V_RECENT, I8A_BUF_K_RSCALE, I8A_BUF_V_RSCALE,
@@ -167,7 +169,9 @@ void i8a_export(const i8a_cache *c, i8a_rows *r);
  * (files of version 3 from before the halves): then they become halves as an append makes them.
  * Returns 0, or with c still empty 1 / 2 / 3 / 4 when a row of k_group_min / k_group_step /
  * k_recent / v_recent is not such a row, its index into r's array of rows in *bad (groups:
- * kv head * ceil(length / 32) + group; window: position's row * hkv + kv head). */
+ * kv head * ceil(length / 32) + group; window: position's row * hkv + kv head); 5 when a K
+ * code at 4 bits above 15 (at most 31: the caller's check) lies in a channel that is not wide
+ * (dispatch.h), *bad its row (kv head * length + position). */
 int i8a_import(const i8a_kernels *kt, i8a_cache *c, const i8a_rows *r, int round_window,
                size_t *bad);
 

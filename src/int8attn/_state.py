@@ -188,9 +188,9 @@ def check(state, max_seq):
     for key in ("k_i8", "v_i8"):
         if key in arrays and n and arrays[key].min() < -127:
             raise ValueError(f"state {key} holds -128, which the quantizer never stores")
-    for key in ("k_codes", "v_codes"):
-        if key in arrays and n and arrays[key].max() > 15:
-            raise ValueError(f"state {key} holds codes above 15, which 4 bits cannot hold")
+    for key, top, why in (("k_codes", 31, "K's wide channels"), ("v_codes", 15, "4 bits")):
+        if key in arrays and n and arrays[key].max() > top:
+            raise ValueError(f"state {key} holds codes above {top}, which {why} cannot hold")
     # the largest step or scale and minimum a side stores (rows within 2**70 in the stored
     # space: VALUE_MAX, grown by the rotation and the offsets)
     limits = {"k_scale": (0, F.SCALE_MAX),
@@ -263,7 +263,13 @@ def check(state, max_seq):
 def not_halves_message(which, bad, n_kv_heads, length, held):
     """The ValueError message of i8a_import's refusal: row `bad` of k_group_min, k_group_step,
     k_recent or v_recent (`which` 0 .. 3) is not halves times a power of two (state of `length`
-    positions, `held` of them in the window)."""
+    positions, `held` of them in the window); or (`which` 4) k_codes' row `bad` holds a code
+    above 15 in a channel that is not wide."""
+    if which == 4:
+        g, pos = divmod(bad, length)
+        return (f"state k_codes holds a code above 15 in a channel whose k_group_step is not a "
+                f"wide channel's (an odd half): the first is in [{g}, {pos}] (kv head {g}, "
+                f"position {pos})")
     key = ("k_group_min", "k_group_step", "k_recent", "v_recent")[which]
     if which < 2:
         g, j = divmod(bad, -(-length // F.K4_GROUP))

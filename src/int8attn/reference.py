@@ -61,18 +61,29 @@ def quantize_k4_group(rows, skip_first=False):
     """A group of K rows [G, D] (as the recent window keeps them: ``half_rows``) at 4 bits per
     channel, as ``KVCache`` stores K: ``(codes uint8 [G, D], minimum float32 [D], step float32
     [D])``. Per channel ``lo``, ``hi`` over the rows (not row 0 when ``skip_first``: position 0
-    kept apart); the minima are ``half_rows(lo)`` (fp16 times a power of two), the steps
-    ``half_rows(max((hi - minimum) / 15, 0))``; ``codes = clip(rint((x - minimum) * (1 /
-    step)), 0, 15)`` (0 where the step is 0), in float32. A value reads back as ``minimum + step
-    * code``."""
+    kept apart); the minima are ``half_rows(lo)`` (fp16 times a power of two); ``span = hi -
+    minimum``, and the D / 2 channels of the largest spans (ties: the lower channel first) are
+    wide; the steps are ``max(span / 31, 0)`` for a wide channel, ``max(span / 15, 0)`` else, as
+    ``half_rows`` makes them, each half then made odd for a wide channel (unless 0) and even for
+    the others, so that a channel is wide exactly when its step's half is odd; ``codes =
+    clip(rint((x - minimum) * (1 / step)), 0, 31 wide, 15 else)`` (0 where the step is 0), in
+    float32. A value reads back as ``minimum + step * code``."""
     x = np.asarray(rows, dtype=np.float32)
     part = x[1:] if skip_first else x
+    d = x.shape[-1]
     minimum = half_rows(part.min(axis=0))
-    step = half_rows(np.maximum((part.max(axis=0) - minimum) / np.float32(15), np.float32(0)))
+    span = (part.max(axis=0) - minimum).astype(np.float32)
+    wide = np.zeros(d, bool)
+    wide[np.lexsort((np.arange(d), -span))[:d // 2]] = True
+    h, e = _halves(np.maximum(span / np.where(wide, np.float32(31), np.float32(15)),
+                              np.float32(0)).astype(np.float32))
+    bits = h.view(np.uint16)
+    bits = np.where(wide & (bits > 0), bits | 1, bits & ~np.uint16(1)).astype(np.uint16)
+    step = np.ldexp(bits.view(np.float16).astype(np.float32), e).astype(np.float32)
     inv = np.where(step > 0, np.float32(1) / np.where(step > 0, step, np.float32(1)),
                    np.float32(0)).astype(np.float32)
-    codes = np.clip(np.rint((x - minimum) * inv), 0, 15)
-    return codes.astype(np.uint8), minimum.astype(np.float32), step.astype(np.float32)
+    codes = np.clip(np.rint((x - minimum) * inv), 0, np.where(bits & 1, 31, 15))
+    return codes.astype(np.uint8), minimum.astype(np.float32), step
 
 
 _MASK64 = (1 << 64) - 1
@@ -200,6 +211,12 @@ def half_rows(x):
     scaled by 2^-e, e the exponent that puts its largest rounded |value| in [2^14, 2^15) (at
     least HALF_EXP_MIN; 0 for a zero row), rounded to IEEE halves (numpy's conversion: nearest,
     ties to even), and scaled back (exactly)."""
+    h, e = _halves(x)
+    return np.ldexp(h.astype(np.float32), e).astype(np.float32)
+
+
+def _halves(x):
+    """half_rows' halves (float16, x's shape) and exponents (one a row, kept as an axis)."""
     x = np.asarray(x, dtype=np.float32)
     top = np.max(np.abs(x), axis=-1, keepdims=True)
     e = np.maximum(np.frexp(top)[1] - 15, HALF_EXP_MIN)
@@ -208,7 +225,7 @@ def half_rows(x):
     up = np.max(np.abs(h), axis=-1, keepdims=True) >= 2.0**15     # rounded up to 2^15
     e = np.where(up, e + 1, e)
     h = np.where(up, np.ldexp(x, -e).astype(np.float16), h)
-    return np.ldexp(h.astype(np.float32), e).astype(np.float32)
+    return h, e
 
 
 def window_rows(cache):

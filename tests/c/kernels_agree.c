@@ -302,7 +302,7 @@ static void attend_case(int entry, int kf, int vf, size_t d, size_t n, size_t v_
     kv->vs = vs;
     int8_t *k = NULL, *v = NULL;
     float *ks = NULL, *v4_min = NULL, *k4_ms = NULL, *k4_ss = NULL;
-    uint8_t *k4 = NULL, *v4 = NULL;
+    uint8_t *k4 = NULL, *k4w = NULL, *v4 = NULL;
     uint16_t *k4_min = NULL, *k4_step = NULL;
     if (kf == I8A_FMT8) {
         k = xmalloc(n * d);
@@ -320,6 +320,11 @@ static void attend_case(int entry, int kf, int vf, size_t d, size_t n, size_t v_
         k4_ms = xmalloc(groups * sizeof(float)), k4_ss = xmalloc(groups * sizeof(float));
         for (size_t i = 0; i < n * d / 2; i++)
             k4[i] = (uint8_t)next_u32();
+        /* the wide channels' fifth bits (a channel with an odd step half is wide: about half of
+         * them, so some groups hold more than d / 2, whose ranks past d / 2 have none) */
+        k4w = xmalloc(n * I8A_K4_WIDE_BYTES(d));
+        for (size_t i = 0; i < n * I8A_K4_WIDE_BYTES(d); i++)
+            k4w[i] = (uint8_t)next_u32();
         for (size_t g = 0; g < groups; g++) {
             k4_ms[g] = ldexpf(1.0f, (int)(next_u32() % 7) - 3);
             k4_ss[g] = ldexpf(1.0f, (int)(next_u32() % 7) - 6);
@@ -330,7 +335,7 @@ static void attend_case(int entry, int kf, int vf, size_t d, size_t n, size_t v_
                 k4_step[g * d + i] = half(uniform(0.0f, 0.3f) * outlier);
             }
         }
-        kv->k4 = k4, kv->k4_min = k4_min, kv->k4_step = k4_step;
+        kv->k4 = k4, kv->k4_wide = k4w, kv->k4_min = k4_min, kv->k4_step = k4_step;
         kv->k4_min_scale = k4_ms, kv->k4_step_scale = k4_ss, kv->k4_lead = k4_lead;
     }
     if (vf == I8A_FMT8) {
@@ -361,7 +366,7 @@ static void attend_case(int entry, int kf, int vf, size_t d, size_t n, size_t v_
     if (entry == E_A88)
         paged_case(&in, k, v, tiles, what);
     free(q_hi), free(q_lo), free(c_hi), free(c_lo), free(bias), free(q_float), free(vs);
-    free(k), free(ks), free(k4), free(k4_min), free(k4_step), free(k4_ms), free(k4_ss);
+    free(k), free(ks), free(k4), free(k4w), free(k4_min), free(k4_step), free(k4_ms), free(k4_ss);
     free(v), free(v4), free(v4_min);
 }
 

@@ -54,7 +54,12 @@ typedef struct {
 /* The 4-bit sides (attend4). K at 4 bits is stored per channel: positions [32 j, 32 j + 32)
  * of a kv head form group j, whose channel i has a minimum and a step (IEEE halves times a
  * power-of-two scale per group and kind: min_i = h_min[i] * min_scale, step_i = h_step[i] *
- * step_scale), and a position's value is min_i + step_i * code (0 .. 15). V at 4 bits is stored
+ * step_scale), and a position's value is min_i + step_i * code. code is 0 .. 15, but in a wide
+ * channel, whose h_step[i] is odd (append makes the widest half of a group's channels so),
+ * 0 .. 31: its nibble plus 16 times its fifth bit, kept apart (I8A_K4_WIDE_BYTES a row: bit r %
+ * 8 of byte r / 8 for the channel of rank r among the group's wide ones, r < d / 2; a wide
+ * channel of rank d / 2 or more, which only a state made by hand can hold, has none). V at 4
+ * bits is stored
  * per position: v_i = vmin + vstep * code (0 .. 15), in the stored (rotated) space. Codes are
  * nibbles in blocks of 32 elements, 16 bytes a block: byte i holds element i in its low nibble
  * and element i + 16 in its high one. A K row of d channels is d / 32 such blocks; a V tile
@@ -62,6 +67,7 @@ typedef struct {
  * i + 16 of the block for the tile's position r. d is a multiple of 32 with a 4-bit side. */
 #define I8A_K4_GROUP 32
 #define I8A_NIB_BLOCK 32
+#define I8A_K4_WIDE_BYTES(d) ((d) / 16)
 
 /* V is stored in tiles of I8A_V_TILE consecutive positions, so that one integer dot lane
  * (SDOT, VPDPBUSD) sums the products of the tile's positions for one dimension: byte 4 i + r
@@ -102,6 +108,7 @@ typedef struct {
     size_t next_n;
     /* K at 4 bits (else NULL; k and ks are then unused): */
     const uint8_t *k4;        /* [n][d / 2] rows from row s0 */
+    const uint8_t *k4_wide;   /* [n][d / 16] their fifth bits (k4/scalar.h) */
     const uint16_t *k4_min, *k4_step;     /* [groups][d] from row s0's group on */
     const float *k4_min_scale, *k4_step_scale;   /* [groups] */
     size_t k4_lead;           /* s0 % I8A_K4_GROUP: row s0's place in its group */

@@ -3,6 +3,7 @@
  * and what a cache that shrank forgets (K's groups past its rows, the offsets). */
 #include "internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* K at 4 bits: position pos of kv head g as its group is coded from it: the append's row
@@ -25,11 +26,40 @@ static const float *k4_row(const row_source *src, size_t pos, size_t g, float *t
     return tmp;
 }
 
+/* Descending floats, for qsort (the rows are finite). */
+static int descending(const void *a, const void *b)
+{
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* wide [d]: 1 for the d / 2 channels of the largest spans (ties: the lower channel first). */
+static void k4_widest(const float *span, size_t d, uint8_t *wide)
+{
+    float sorted[I8A_MAX_HEAD_DIM];
+    memcpy(sorted, span, d * sizeof(float));
+    qsort(sorted, d, sizeof(float), descending);
+    const float edge = sorted[d / 2 - 1];
+    size_t ties = d / 2;                /* then: how many at the edge are wide */
+    for (size_t i = 0; i < d; i++)
+        ties -= (size_t)(span[i] > edge);
+    for (size_t i = 0; i < d; i++) {
+        const int tie = span[i] == edge && ties > 0;
+        wide[i] = (uint8_t)(span[i] > edge || tie);
+        ties -= (size_t)tie;
+    }
+}
+
 /* Code group grp of kv head g at 4 bits, its positions all appended (rows by k4_row): per
  * channel lo = min, hi = max over the group's positions (not position 0 when it is kept
  * apart); the minima as halves times a power of two (the tier's half_row), min_i their value;
- * the steps max((hi_i - min_i) / 15, 0) the same way, step_i their value; code = clamp(rint((x -
- * min_i) * inv_i), 0, 15) with inv_i = 1 / step_i (0 when step_i is 0). */
+ * span_i = hi_i - min_i, and the d / 2 channels of the largest spans wide (k4_widest); the steps
+ * max(span_i / 31, 0) for a wide channel, max(span_i / 15, 0) else, as halves the same way, each
+ * half then made odd for a wide channel (h | 1, unless 0) and even for the others (h & ~1): one
+ * unit of the half at most, in the same binade, so the group's power of two stays; step_i their
+ * value, and a channel is wide exactly when its half is odd (dispatch.h); code = clamp(rint((x
+ * - min_i) * inv_i), 0, 31 wide, 15 else) with inv_i = 1 / step_i (0 when step_i is 0), its
+ * nibble in the row and its fifth bit in the row's wide bits. */
 static void k4_code_group(const i8a_kernels *kt, i8a_cache *c, const row_source *src, size_t g,
                           size_t grp)
 {
@@ -38,6 +68,8 @@ static void k4_code_group(const i8a_kernels *kt, i8a_cache *c, const row_source 
     const size_t at = g * i8a_k4_groups(c->max_seq) + grp;
     float lo[I8A_MAX_HEAD_DIM], hi[I8A_MAX_HEAD_DIM], tmp[I8A_MAX_HEAD_DIM];
     uint16_t hm[I8A_MAX_HEAD_DIM], hs[I8A_MAX_HEAD_DIM];
+    uint8_t wide[I8A_MAX_HEAD_DIM];
+    int16_t rank[I8A_MAX_HEAD_DIM];
     for (size_t pos = from; pos < end; pos++) {
         const float *x = k4_row(src, pos, g, tmp);
         for (size_t i = 0; i < d; i++) {
@@ -48,23 +80,34 @@ static void k4_code_group(const i8a_kernels *kt, i8a_cache *c, const row_source 
     const float sm = kt->half_row(lo, d, hm);
     for (size_t i = 0; i < d; i++) {
         lo[i] = i8a_half_value(hm[i]) * sm;
-        const float step = (hi[i] - lo[i]) / 15.0f;
+        hi[i] = hi[i] - lo[i];                                      /* now the spans */
+    }
+    k4_widest(hi, d, wide);
+    for (size_t i = 0; i < d; i++) {
+        const float step = hi[i] / (wide[i] ? 31.0f : 15.0f);
         hi[i] = step > 0.0f ? step : 0.0f;
     }
     const float ss = kt->half_row(hi, d, hs);
     for (size_t i = 0; i < d; i++) {
+        hs[i] = wide[i] && hs[i] ? (uint16_t)(hs[i] | 1u) : (uint16_t)(hs[i] & ~1u);
         const float step = i8a_half_value(hs[i]) * ss;
         hi[i] = step > 0.0f ? 1.0f / step : 0.0f;                  /* now the inverses */
     }
+    i8a_k4_wide_ranks(hs, d, rank);
     /* every position's codes before the group's new minima and steps are stored: a position
      * without floats is read from its old codes by its old ones */
     for (size_t pos = first; pos < end; pos++) {
         const float *x = k4_row(src, pos, g, tmp);
-        uint8_t *row = k4_row_codes(c, g, pos);
+        uint8_t *row = k4_row_codes(c, g, pos), *bits = k4_row_wide(c, g, pos);
+        memset(bits, 0, I8A_K4_WIDE_BYTES(d));
         for (size_t i = 0; i < d; i++) {
+            const float top = rank[i] < 0 ? 15.0f : 31.0f;
             float r = rintf((x[i] - lo[i]) * hi[i]);
-            r = r > 15.0f ? 15.0f : r;
-            nib_set(row + i / I8A_NIB_BLOCK * 16 + i % 16, i, (unsigned)(r > 0.0f ? r : 0.0f));
+            r = r > top ? top : r;
+            const unsigned code = (unsigned)(r > 0.0f ? r : 0.0f);
+            nib_set(row + i / I8A_NIB_BLOCK * 16 + i % 16, i, code & 15u);
+            if (rank[i] >= 0)
+                bits[rank[i] / 8] |= (uint8_t)((code >> 4) << (rank[i] % 8));
         }
     }
     memcpy(c->k4_min + at * d, hm, d * sizeof(uint16_t));
@@ -218,8 +261,10 @@ static void k4_zero(i8a_cache *c, size_t first, size_t len)
     const size_t a = c->length < from ? c->length : from;
     const size_t b = end * I8A_K4_GROUP < cap ? end * I8A_K4_GROUP : cap;
     for (size_t g = 0; g < c->n_kv_heads; g++) {
-        if (b > a)
+        if (b > a) {
             memset(k4_row_codes(c, g, a), 0, (b - a) * (d / 2));
+            memset(k4_row_wide(c, g, a), 0, (b - a) * I8A_K4_WIDE_BYTES(d));
+        }
         if (end > first) {
             const size_t at = g * groups + first;
             memset(c->k4_min + at * d, 0, (end - first) * d * sizeof(uint16_t));

@@ -190,6 +190,12 @@ static inline uint8_t *k4_row_codes(const i8a_cache *c, size_t g, size_t pos)
     return c->k4 + (g * c->max_seq + pos) * (c->head_dim / 2);
 }
 
+/* Its wide channels' fifth bits (I8A_K4_WIDE_BYTES). */
+static inline uint8_t *k4_row_wide(const i8a_cache *c, size_t g, size_t pos)
+{
+    return c->k4_wide + (g * c->max_seq + pos) * I8A_K4_WIDE_BYTES(c->head_dim);
+}
+
 /* Halves h [d] times their row's scale into y [d] (exact). */
 static inline void widen(const uint16_t *h, float scale, size_t d, float *y)
 {

@@ -27,8 +27,9 @@ static void stream_range(void *ctx, size_t begin, size_t end, size_t after, size
         const size_t d = c->head_dim, tiles = i8a_v_tiles(s.v_lead, s.n);
         if (s.k)
             x ^= stream(s.k, s.n * d, next.k);
-        else                        /* K at 4 bits: codes, and the groups' halves and scales */
+        else                        /* K at 4 bits: codes, fifth bits, the groups' halves */
             x ^= stream(s.k4, s.n * d / 2, next.k4)
+                 ^ stream(s.k4_wide, s.n * I8A_K4_WIDE_BYTES(d), NULL)
                  ^ stream(s.k4_min, i8a_k4_groups(s.n) * d * 2, NULL)
                  ^ stream(s.k4_step, i8a_k4_groups(s.n) * d * 2, NULL);
         if (s.v)

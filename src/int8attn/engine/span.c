@@ -36,7 +36,7 @@ i8a_span i8a_span_rows(const i8a_cache *c, size_t g, size_t a, size_t b)
         span.k = c->k_codes + row * d;
     } else {
         const size_t at = g * i8a_k4_groups(c->max_seq) + a / I8A_K4_GROUP;
-        span.k4 = k4_row_codes(c, g, a);
+        span.k4 = k4_row_codes(c, g, a), span.k4_wide = k4_row_wide(c, g, a);
         span.k4_min = c->k4_min + at * d, span.k4_step = c->k4_step + at * d;
         span.k4_min_scale = c->k4_min_scale + at, span.k4_step_scale = c->k4_step_scale + at;
         span.k4_lead = a % I8A_K4_GROUP;

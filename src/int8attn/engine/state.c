@@ -41,15 +41,20 @@ void i8a_export(const i8a_cache *c, i8a_rows *r)
     r->held = i8a_rows_held(c);
     r->offsets_set = c->offsets_set;
     for (size_t g = 0; g < hkv; g++) {
+        int16_t rank[I8A_MAX_HEAD_DIM];
         for (size_t pos = 0; pos < n; pos++) {
             const size_t row = g * cap + pos, at = g * n + pos;
+            if (r->k_codes && pos % I8A_K4_GROUP == 0)
+                i8a_k4_wide_ranks(c->k4_step + (g * i8a_k4_groups(cap) + pos / I8A_K4_GROUP) * d,
+                                  d, rank);
             if (r->k_i8)
                 memcpy(r->k_i8 + at * d, c->k_codes + row * d, d);
             if (r->k_scale)
                 r->k_scale[at] = c->k_scale[row];
             if (r->k_codes)
                 for (size_t i = 0; i < d; i++)
-                    r->k_codes[at * d + i] = (uint8_t)i8a_nib_row(k4_row_codes(c, g, pos), i);
+                    r->k_codes[at * d + i] = (uint8_t)i8a_k4_code(k4_row_codes(c, g, pos),
+                                                                  k4_row_wide(c, g, pos), rank, i);
             if (r->v_i8)
                 i8a_v_get(c, g, pos, r->v_i8 + at * d);
             if (r->v_codes)
@@ -125,6 +130,24 @@ int i8a_import(const i8a_kernels *kt, i8a_cache *c, const i8a_rows *r, int round
             }
         }
     }
+    /* K's codes above 15: in the wide channels of their groups only (dispatch.h; the caller
+     * refused codes above 31) */
+    for (size_t g = 0; k4 && g < hkv; g++) {
+        int16_t rank[I8A_MAX_HEAD_DIM];
+        for (size_t pos = 0; pos < n; pos++) {
+            if (pos % I8A_K4_GROUP == 0) {
+                as_halves(kt, r->k_group_step + (g * groups + pos / I8A_K4_GROUP) * d, d, h,
+                          &exact);
+                i8a_k4_wide_ranks(h, d, rank);
+            }
+            for (size_t i = 0; i < d; i++) {
+                if (r->k_codes[(g * n + pos) * d + i] > 15 && rank[i] < 0) {
+                    *bad = g * n + pos;
+                    return 5;
+                }
+            }
+        }
+    }
     for (size_t g = 0; k4 && g < hkv; g++) {
         for (size_t j = 0; j < groups; j++) {
             const size_t at = g * all + j, from = (g * groups + j) * d;
@@ -135,15 +158,22 @@ int i8a_import(const i8a_kernels *kt, i8a_cache *c, const i8a_rows *r, int round
         }
     }
     for (size_t g = 0; g < hkv; g++) {
+        int16_t rank[I8A_MAX_HEAD_DIM];
         for (size_t pos = 0; pos < n; pos++) {
             const size_t row = g * cap + pos, at = g * n + pos;
             if (c->k_bits == 8) {
                 memcpy(c->k_codes + row * d, r->k_i8 + at * d, d);
                 c->k_scale[row] = r->k_scale[at];
             } else {
-                uint8_t *codes = k4_row_codes(c, g, pos);
-                for (size_t i = 0; i < d; i++)
-                    nib_set(codes + i / I8A_NIB_BLOCK * 16 + i % 16, i, r->k_codes[at * d + i]);
+                uint8_t *codes = k4_row_codes(c, g, pos), *bits = k4_row_wide(c, g, pos);
+                if (pos % I8A_K4_GROUP == 0)
+                    i8a_k4_wide_ranks(c->k4_step + (g * all + pos / I8A_K4_GROUP) * d, d, rank);
+                for (size_t i = 0; i < d; i++) {
+                    const unsigned code = r->k_codes[at * d + i];
+                    nib_set(codes + i / I8A_NIB_BLOCK * 16 + i % 16, i, code & 15u);
+                    if (rank[i] >= 0)
+                        bits[rank[i] / 8] |= (uint8_t)((code >> 4) << (rank[i] % 8));
+                }
             }
             if (c->v_bits == 8) {
                 i8a_v_put(c, g, pos, r->v_i8 + at * d);

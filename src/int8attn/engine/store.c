@@ -58,11 +58,14 @@ int i8a_store_layout(const i8a_format *f, i8a_buffer buf[I8A_BUFFERS], size_t *t
     const size_t ring = ring_of(f);
     const int k8 = f->k_bits == 8, v8 = f->v_bits == 8, r = f->recent > 0;
     int over = 0;
-    /* K at 8 bits: codes by row; at 4 bits: nibble rows, and per group of 32 positions the
-     * channels' minima and steps (halves) and their powers of two (zeros: never coded) */
+    /* K at 8 bits: codes by row; at 4 bits: nibble rows and their wide channels' fifth bits,
+     * and per group of 32 positions the channels' minima and steps (halves) and their powers of
+     * two (zeros: never coded) */
     describe(buf + I8A_BUF_K_CODES, "k_codes", k8, 'b', 0, 3, (size_t[]){hkv, cap, d}, &over);
     describe(buf + I8A_BUF_K_SCALE, "k_scale", k8, 'f', 0, 2, (size_t[]){hkv, cap}, &over);
     describe(buf + I8A_BUF_K4, "k4", !k8, 'B', 1, 3, (size_t[]){hkv, cap, d / 2}, &over);
+    describe(buf + I8A_BUF_K4_WIDE, "k4_wide", !k8, 'B', 1, 3,
+             (size_t[]){hkv, cap, I8A_K4_WIDE_BYTES(d)}, &over);
     describe(buf + I8A_BUF_K4_MIN, "k4_min", !k8, 'H', 1, 3, (size_t[]){hkv, groups, d}, &over);
     describe(buf + I8A_BUF_K4_STEP, "k4_step", !k8, 'H', 1, 3, (size_t[]){hkv, groups, d}, &over);
     describe(buf + I8A_BUF_K4_MIN_SCALE, "k4_min_scale", !k8, 'f', 1, 2, (size_t[]){hkv, groups},
@@ -105,7 +108,8 @@ void i8a_store_bind(i8a_cache *c, const i8a_format *f, void *const mem[I8A_BUFFE
     c->v_sign = sign;
     c->k_sign = f->k_bits == 8 ? sign : NULL;
     c->k_codes = mem[I8A_BUF_K_CODES], c->k_scale = mem[I8A_BUF_K_SCALE];
-    c->k4 = mem[I8A_BUF_K4], c->k4_min = mem[I8A_BUF_K4_MIN], c->k4_step = mem[I8A_BUF_K4_STEP];
+    c->k4 = mem[I8A_BUF_K4], c->k4_wide = mem[I8A_BUF_K4_WIDE];
+    c->k4_min = mem[I8A_BUF_K4_MIN], c->k4_step = mem[I8A_BUF_K4_STEP];
     c->k4_min_scale = mem[I8A_BUF_K4_MIN_SCALE], c->k4_step_scale = mem[I8A_BUF_K4_STEP_SCALE];
     c->v_codes = mem[I8A_BUF_V_CODES], c->v_scale = mem[I8A_BUF_V_SCALE];
     c->v4 = mem[I8A_BUF_V4], c->v4_min = mem[I8A_BUF_V4_MIN];
@@ -198,9 +202,12 @@ void i8a_k4_value(const i8a_cache *c, size_t g, size_t pos, float *y)
     const size_t d = c->head_dim, at = g * i8a_k4_groups(c->max_seq) + pos / I8A_K4_GROUP;
     const uint16_t *hm = c->k4_min + at * d, *hs = c->k4_step + at * d;
     const float sm = c->k4_min_scale[at], ss = c->k4_step_scale[at];
-    const uint8_t *row = k4_row_codes(c, g, pos);
+    const uint8_t *row = k4_row_codes(c, g, pos), *wide = k4_row_wide(c, g, pos);
+    int16_t rank[I8A_MAX_HEAD_DIM];
+    i8a_k4_wide_ranks(hs, d, rank);
     for (size_t i = 0; i < d; i++)
-        y[i] = i8a_half_value(hm[i]) * sm + (i8a_half_value(hs[i]) * ss) * (float)i8a_nib_row(row, i);
+        y[i] = i8a_half_value(hm[i]) * sm
+               + (i8a_half_value(hs[i]) * ss) * (float)i8a_k4_code(row, wide, rank, i);
 }
 
 void *i8a_alloc_aligned(size_t bytes)
@@ -328,6 +335,7 @@ void i8a_move_down(const i8a_kernels *kt, i8a_cache *c, size_t n)
             memmove(c->k_scale + g * cap, c->k_scale + g * cap + n, keep * sizeof(float));
         } else {                    /* whole groups: their codes, halves and scales */
             memmove(k4_row_codes(c, g, 0), k4_row_codes(c, g, n), keep * (d / 2));
+            memmove(k4_row_wide(c, g, 0), k4_row_wide(c, g, n), keep * I8A_K4_WIDE_BYTES(d));
             memmove(c->k4_min + g * groups * d, c->k4_min + (g * groups + gone) * d,
                     kept_groups * d * sizeof(uint16_t));
             memmove(c->k4_step + g * groups * d, c->k4_step + (g * groups + gone) * d,

@@ -22,6 +22,19 @@
 #define I8A_INLINE static inline
 #endif
 
+/* The index of m's lowest set bit (m != 0). */
+static inline unsigned i8a_ctz64(uint64_t m)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    return (unsigned)__builtin_ctzll(m);
+#else
+    unsigned i = 0;
+    for (; !(m & 1u); m >>= 1)
+        i++;
+    return i;
+#endif
+}
+
 /* n rounded up to a multiple of 16: the SIMD tiers work on the logit scratch in groups of 16
  * tokens (the padding is written as zeros and masked out of the sum), and on the P planes in
  * 16-byte vectors. */

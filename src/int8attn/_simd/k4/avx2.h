@@ -103,6 +103,67 @@ I8A_INLINE void i8a_k4dots_avx2(const uint8_t *k4, size_t n, size_t d, const int
     }
 }
 
+/* 32 fifth bits of a K row from b (the row's bytes from there: 4, or 2 with `two`) as 32
+ * bytes 0 or 1, bit t % 8 of byte t / 8 in lane t (zeros past them). */
+static inline __m256i i8a_k4_bits32_avx2(const uint8_t *b, int two)
+{
+    uint32_t x;
+    if (two) {
+        uint16_t h;
+        memcpy(&h, b, sizeof h);
+        x = h;
+    } else {
+        memcpy(&x, b, sizeof x);
+    }
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i sel = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), spread);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    return _mm256_min_epu8(_mm256_and_si256(sel, bit), _mm256_set1_epi8(1));
+}
+
+/* k4/scalar.h's i8a_k4_wide_dots, four rows at a time: each row's bits as bytes 0 / 1
+ * (i8a_k4_bits32_avx2) against the wide channels' plane bytes by vpmaddubsw (pairs of at most
+ * 2 * 127, d / 64 <= 16 of them a lane: no int16 overflow), widened by vpmaddwd. The sums are
+ * exact, so the dots are the scalar rule's. */
+I8A_INLINE void i8a_k4_wide_dots_avx2(const uint8_t *wide, size_t rows, size_t d,
+                                      const int8_t *pw, int np, int32_t *dot)
+{
+    const size_t nb = I8A_K4_WIDE_BYTES(d);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (size_t s = 0; s < rows; s += 4) {
+        const uint8_t *r[4];
+        for (int u = 0; u < 4; u++)
+            r[u] = wide + (s + (size_t)u < rows ? s + (size_t)u : rows - 1) * nb;
+        __m256i p16[I8A_K4_QPLANES][4];
+        for (int k = 0; k < np; k++)
+            for (int u = 0; u < 4; u++)
+                p16[k][u] = _mm256_setzero_si256();
+        for (size_t j = 0; j < nb; j += 4) {
+            const int two = j + 4 > nb;             /* the last 16 bits of a row */
+            __m256i e[4];
+            for (int u = 0; u < 4; u++)
+                e[u] = i8a_k4_bits32_avx2(r[u] + j, two);
+            for (int k = 0; k < np; k++) {
+                const int8_t *pk = pw + (size_t)k * I8A_K4_WIDE_STRIDE + 8 * j;
+                const __m256i w = _mm256_loadu_si256((const __m256i *)pk);
+                for (int u = 0; u < 4; u++)
+                    p16[k][u] = _mm256_add_epi16(p16[k][u], _mm256_maddubs_epi16(e[u], w));
+            }
+        }
+        for (int k = 0; k < np; k++) {
+            int32_t four[4];
+            _mm_storeu_si128((__m128i *)four,
+                             i8a_reduce4_avx2(_mm256_madd_epi16(p16[k][0], ones),
+                                              _mm256_madd_epi16(p16[k][1], ones),
+                                              _mm256_madd_epi16(p16[k][2], ones),
+                                              _mm256_madd_epi16(p16[k][3], ones)));
+            for (size_t u = 0; u < 4 && s + u < rows; u++)
+                dot[(size_t)k * I8A_K4_GROUP + s + u] += 16 * four[u];
+        }
+    }
+}
+
 /* A K group's planes in the order of 32-byte code vectors (two blocks: low nibbles of both,
  * then high). */
 static inline void i8a_k4_order_avx2(const int8_t *q, size_t d, int8_t *lo, int8_t *hi)
@@ -153,6 +214,7 @@ I8A_INLINE float i8a_k4_logits_avx2(const i8a_query *q, const i8a_span *kv, size
     int8_t *hi = lo + I8A_K4_QPLANES * half;
     float *r = (float *)(hi + I8A_K4_QPLANES * half);
     int32_t *dot = (int32_t *)(r + I8A_MAX_HEAD_DIM);
+    int8_t pw[I8A_K4_QPLANES * I8A_K4_WIDE_STRIDE];    /* the wide channels' planes */
     float m = -FLT_MAX;
     size_t s = 0;
     for (size_t grp = 0; s < n; grp++) {
@@ -165,6 +227,8 @@ I8A_INLINE float i8a_k4_logits_avx2(const i8a_query *q, const i8a_span *kv, size
         if (j == 0)   /* the next chunk's K, a group's rows at a time */
             i8a_k4_prefetch_group(kv, s, rows, d);
         i8a_k4dots_avx2(kv->k4 + s * (d / 2), rows, d, lo, hi, np, dot);
+        if (i8a_k4_wide_planes(kv->k4_step + grp * d, d, planes, np, pw))
+            i8a_k4_wide_dots_avx2(kv->k4_wide + s * I8A_K4_WIDE_BYTES(d), rows, d, pw, np, dot);
         const float gm = i8a_logits4_avx2(dot, c, np, bias, q->softcap, q->inv_softcap, rows, p + s);
         m = gm > m ? gm : m;
         s += rows;

@@ -131,6 +131,7 @@ I8A_INLINE float i8a_k4_logits_avx512_vnni(const i8a_query *q, const i8a_span *k
     int8_t *hi = lo + I8A_K4_QPLANES * half;
     float *tmp = (float *)(hi + I8A_K4_QPLANES * half);
     int32_t *dot = (int32_t *)(tmp + I8A_MAX_HEAD_DIM);
+    int8_t pw[I8A_K4_QPLANES * I8A_K4_WIDE_STRIDE];    /* the wide channels' planes */
     float m = -FLT_MAX;
     size_t s = 0;
     for (size_t grp = 0; s < n; grp++) {
@@ -144,6 +145,8 @@ I8A_INLINE float i8a_k4_logits_avx512_vnni(const i8a_query *q, const i8a_span *k
         if (j == 0)   /* the next chunk's K, a group's rows at a time */
             i8a_k4_prefetch_group(kv, s, rows, d);
         i8a_k4dots_avx512_vnni(kv->k4 + s * (d / 2), rows, d, lo, hi, np, dot);
+        if (i8a_k4_wide_planes(kv->k4_step + grp * d, d, planes, np, pw))
+            i8a_k4_wide_dots(kv->k4_wide + s * I8A_K4_WIDE_BYTES(d), rows, d, pw, np, dot);
         const float gm = i8a_logits4_avx512_vnni(dot, c, np, bias, q->softcap, q->inv_softcap,
                                                  rows, p + s);
         m = gm > m ? gm : m;
@@ -231,6 +234,7 @@ I8A_INLINE void i8a_k4_logits_tiled_avx512_vnni(const i8a_query *q, const i8a_sp
     float *bias = cs + I8A_K4_TILE_HEADS * I8A_K4_QPLANES;  /* [heads] */
     int32_t *dot = (int32_t *)(bias + I8A_K4_TILE_HEADS);   /* [heads][planes][I8A_K4_GROUP] */
     _Alignas(64) uint8_t kt[I8A_KTILE_ROWS * I8A_MAX_HEAD_DIM];
+    int8_t pw[I8A_K4_QPLANES * I8A_K4_WIDE_STRIDE];    /* a head's wide channels' planes */
     for (size_t j = 0; j < nq; j++)
         m[j] = -FLT_MAX;
     size_t s = 0;
@@ -265,6 +269,11 @@ I8A_INLINE void i8a_k4_logits_tiled_avx512_vnni(const i8a_query *q, const i8a_sp
                 }
             }
             for (size_t j = j0; j < j1; j++) {
+                const size_t h = j - j0;
+                if (i8a_k4_wide_planes(kv->k4_step + grp * d, d,
+                                       planes + h * I8A_K4_QPLANES * I8A_MAX_HEAD_DIM, np, pw))
+                    i8a_k4_wide_dots(kv->k4_wide + s * I8A_K4_WIDE_BYTES(d), rows, d, pw, np,
+                                     dot + h * I8A_K4_QPLANES * I8A_K4_GROUP);
                 const float gm = i8a_logits4_avx512_vnni(dot + (j - j0) * I8A_K4_QPLANES * I8A_K4_GROUP,
                                                          cs + (j - j0) * I8A_K4_QPLANES, np,
                                                          bias[j - j0], q->softcap, q->inv_softcap,

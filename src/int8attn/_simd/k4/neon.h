@@ -129,6 +129,7 @@ I8A_INLINE float i8a_k4_logits_with_neon(i8a_dot16_neon_fn dot16, const i8a_quer
     int8_t *planes = (int8_t *)extra;
     float *r = (float *)(extra + I8A_K4_QPLANES * I8A_MAX_HEAD_DIM);
     int32_t *dot = (int32_t *)(r + I8A_MAX_HEAD_DIM);
+    int8_t pw[I8A_K4_QPLANES * I8A_K4_WIDE_STRIDE];    /* the wide channels' planes */
     float m = -FLT_MAX;
     size_t s = 0;
     for (size_t grp = 0; s < n; grp++) {
@@ -139,6 +140,8 @@ I8A_INLINE float i8a_k4_logits_with_neon(i8a_dot16_neon_fn dot16, const i8a_quer
         if (j == 0)   /* the next chunk's K, a group's rows at a time */
             i8a_k4_prefetch_group(kv, s, rows, d);
         i8a_k4dots_with_neon(dot16, kv->k4 + s * (d / 2), rows, d, planes, np, dot);
+        if (i8a_k4_wide_planes(kv->k4_step + grp * d, d, planes, np, pw))
+            i8a_k4_wide_dots(kv->k4_wide + s * I8A_K4_WIDE_BYTES(d), rows, d, pw, np, dot);
         const float gm = i8a_logits4_neon(dot, c, np, bias, q->softcap, q->inv_softcap, rows, p + s);
         m = gm > m ? gm : m;
         s += rows;

@@ -12,6 +12,27 @@ static inline int32_t i8a_nib_row(const uint8_t *row, size_t i)
     return i % I8A_NIB_BLOCK < 16 ? b & 15 : b >> 4;
 }
 
+/* K at 4 bits, the wide channels (dispatch.h): rank [d] of each channel, r for the wide one of
+ * rank r < d / 2 (odd step half), -1 for the others. */
+static inline void i8a_k4_wide_ranks(const uint16_t *h_step, size_t d, int16_t *rank)
+{
+    size_t r = 0;
+    for (size_t i = 0; i < d; i++) {
+        const int wide = (h_step[i] & 1u) && r < d / 2;
+        rank[i] = wide ? (int16_t)r : -1;
+        r += (size_t)wide;
+    }
+}
+
+/* Element i of a K row at 4 bits (row: its nibble blocks, wide: its I8A_K4_WIDE_BYTES, rank:
+ * its group's i8a_k4_wide_ranks): 0 .. 31. */
+static inline int32_t i8a_k4_code(const uint8_t *row, const uint8_t *wide, const int16_t *rank,
+                                  size_t i)
+{
+    const int32_t r = rank[i];
+    return i8a_nib_row(row, i) + (r < 0 ? 0 : 16 * ((wide[r / 8] >> (r % 8)) & 1));
+}
+
 /* The q planes of one query row against one K group at 4 bits, qs [d] the row times the
  * softmax scale:
  *   step_i = half(h_step[i]) * step_scale;  q'_i = qs_i * step_i;  a = max_i |q'_i|;
@@ -67,9 +88,60 @@ static inline void i8a_k4_query(const float *qs, const uint16_t *h_min, float mi
     *bias = i8a_dot16_halves(qs, h_min, d) * min_scale;
 }
 
+/* A K group's wide channels' plane bytes: pw[k * I8A_K4_WIDE_STRIDE + r] = plane k's byte of
+ * the wide channel of rank r (planes as i8a_k4_query makes them), zeros after the last up to
+ * d / 2 rounded up to 32 (what the vector tiers read); returns how many there are (0: none,
+ * the group's dots are its nibbles'). The parities of 64 channels at a time make a mask, and
+ * its set bits, lowest first, the ranks. */
+#define I8A_K4_WIDE_STRIDE (I8A_MAX_HEAD_DIM / 2)
+
+static inline size_t i8a_k4_wide_planes(const uint16_t *h_step, size_t d, const int8_t *planes,
+                                        int np, int8_t *pw)
+{
+    size_t r = 0;
+    for (size_t i0 = 0; i0 < d; i0 += 64) {
+        const size_t n = d - i0 < 64 ? d - i0 : 64;
+        uint64_t m = 0;
+        for (size_t i = 0; i < n; i++)
+            m |= (uint64_t)(h_step[i0 + i] & 1u) << i;
+        for (; m && r < d / 2; m &= m - 1, r++) {
+            const size_t i = i0 + i8a_ctz64(m);
+            for (int k = 0; k < np; k++)
+                pw[(size_t)k * I8A_K4_WIDE_STRIDE + r] = planes[(size_t)k * I8A_MAX_HEAD_DIM + i];
+        }
+    }
+    const size_t end = (d / 2 + 31) / 32 * 32;
+    for (int k = 0; k < np; k++)
+        memset(pw + (size_t)k * I8A_K4_WIDE_STRIDE + r, 0, end - r);
+    return r;
+}
+
+/* The fifth bits' part of the plane dots of rows [0, rows) (wide: I8A_K4_WIDE_BYTES(d) bytes a
+ * row; pw: i8a_k4_wide_planes): dot[k * I8A_K4_GROUP + s] += 16 * sum_r pw_k[r] * bit_r. Exact:
+ * with the nibbles' part, |dot| <= 127 * 31 * d < 2^22, a float's integer. */
+static inline void i8a_k4_wide_dots(const uint8_t *wide, size_t rows, size_t d, const int8_t *pw,
+                                    int np, int32_t *dot)
+{
+    const size_t nb = I8A_K4_WIDE_BYTES(d);
+    for (size_t s = 0; s < rows; s++) {
+        const uint8_t *b = wide + s * nb;
+        uint8_t e[I8A_MAX_HEAD_DIM / 2];                /* the bits as bytes */
+        for (size_t j = 0; j < nb; j++)
+            for (unsigned t = 0; t < 8; t++)
+                e[8 * j + t] = (uint8_t)((b[j] >> t) & 1u);
+        for (int k = 0; k < np; k++) {
+            const int8_t *w = pw + (size_t)k * I8A_K4_WIDE_STRIDE;
+            int32_t sum = 0;
+            for (size_t r = 0; r < d / 2; r++)
+                sum += w[r] * (int32_t)e[r];
+            dot[(size_t)k * I8A_K4_GROUP + s] += 16 * sum;
+        }
+    }
+}
+
 /* A logit of K at 4 bits from its `planes` plane dots: lg = float(dot0) * c0, then lg =
  * fma(float(dot_k), c_k, lg) for the planes after it; lg + bias; the soft cap when on (the
- * dots are exact: |dot| <= 127 * 15 * 1024 < 2^21). */
+ * dots are exact: i8a_k4_wide_dots). */
 static inline float i8a_logit4(const int32_t *dot, const float *c, int planes, float bias,
                                float cap, float inv_cap)
 {
@@ -91,8 +163,9 @@ static inline void i8a_k4_prefetch_group(const i8a_span *kv, size_t s, size_t ro
 }
 
 /* The logits of query head j against the span's K rows at 4 bits: each group's planes
- * (i8a_k4_query; three with q_bits=16, one with 8) against its rows' codes, exact int32 dots;
- * p [n]; returns their max. extra: I8A_ATTEND4_EXTRA bytes. */
+ * (i8a_k4_query; three with q_bits=16, one with 8) against its rows' codes (nibbles, then the
+ * wide channels' fifth bits: i8a_k4_wide_dots, as every tier adds them), exact int32 dots; p
+ * [n]; returns their max. extra: I8A_ATTEND4_EXTRA bytes. */
 static inline float i8a_logits4_scalar(const i8a_query *q, const i8a_span *kv, size_t j,
                                        float *p, uint8_t *extra)
 {
@@ -107,15 +180,26 @@ static inline float i8a_logits4_scalar(const i8a_query *q, const i8a_span *kv, s
         float c[I8A_K4_QPLANES], bias;
         i8a_k4_query(q->q_float + j * d, kv->k4_min + grp * d, kv->k4_min_scale[grp],
                      kv->k4_step + grp * d, kv->k4_step_scale[grp], d, np, planes, c, &bias, tmp);
-        for (; s < n && s < end; s++) {
-            const uint8_t *row = kv->k4 + s * (d / 2);
-            int32_t dot[I8A_K4_QPLANES] = {0};
+        const size_t rows = (end < n ? end : n) - s;
+        int8_t pw[I8A_K4_QPLANES * I8A_K4_WIDE_STRIDE];
+        int32_t dot[I8A_K4_QPLANES * I8A_K4_GROUP];
+        for (size_t t = 0; t < rows; t++) {
+            const uint8_t *row = kv->k4 + (s + t) * (d / 2);
+            for (int k = 0; k < np; k++)
+                dot[k * I8A_K4_GROUP + t] = 0;
             for (size_t i = 0; i < d; i++) {
                 const int32_t code = i8a_nib_row(row, i);
                 for (int k = 0; k < np; k++)
-                    dot[k] += planes[(size_t)k * I8A_MAX_HEAD_DIM + i] * code;
+                    dot[k * I8A_K4_GROUP + t] += planes[(size_t)k * I8A_MAX_HEAD_DIM + i] * code;
             }
-            p[s] = i8a_logit4(dot, c, np, bias, q->softcap, q->inv_softcap);
+        }
+        if (i8a_k4_wide_planes(kv->k4_step + grp * d, d, planes, np, pw))
+            i8a_k4_wide_dots(kv->k4_wide + s * I8A_K4_WIDE_BYTES(d), rows, d, pw, np, dot);
+        for (size_t t = 0; t < rows; t++, s++) {
+            int32_t one[I8A_K4_QPLANES];
+            for (int k = 0; k < np; k++)
+                one[k] = dot[k * I8A_K4_GROUP + t];
+            p[s] = i8a_logit4(one, c, np, bias, q->softcap, q->inv_softcap);
             m = (s == 0 || p[s] > m) ? p[s] : m;
         }
     }
