@@ -104,10 +104,7 @@ static void k4_code_group(const i8a_kernels *kt, i8a_cache *c, const row_source 
             const float top = rank[i] < 0 ? 15.0f : 31.0f;
             float r = rintf((x[i] - lo[i]) * hi[i]);
             r = r > top ? top : r;
-            const unsigned code = (unsigned)(r > 0.0f ? r : 0.0f);
-            nib_set(row + i / I8A_NIB_BLOCK * 16 + i % 16, i, code & 15u);
-            if (rank[i] >= 0)
-                bits[rank[i] / 8] |= (uint8_t)((code >> 4) << (rank[i] % 8));
+            k4_set_code(row, bits, rank, i, (unsigned)(r > 0.0f ? r : 0.0f));
         }
     }
     memcpy(c->k4_min + at * d, hm, d * sizeof(uint16_t));

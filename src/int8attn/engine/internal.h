@@ -178,6 +178,16 @@ static inline void nib_set(uint8_t *byte, size_t i, unsigned code)
                                    : (uint8_t)((*byte & 0x0fu) | code << 4);
 }
 
+/* Element i's code (0 .. 31) into a K row at 4 bits: its nibble, and in a wide channel (rank:
+ * its group's i8a_k4_wide_ranks) its fifth bit into the row's wide bits, cleared beforehand. */
+static inline void k4_set_code(uint8_t *row, uint8_t *wide, const int16_t *rank, size_t i,
+                               unsigned code)
+{
+    nib_set(row + i / I8A_NIB_BLOCK * 16 + i % 16, i, code & 15u);
+    if (rank[i] >= 0)
+        wide[rank[i] / 8] |= (uint8_t)((code >> 4) << (rank[i] % 8));
+}
+
 /* The V tile at 4 bits of kv head g holding position pos. */
 static inline uint8_t *v4_tile(const i8a_cache *c, size_t g, size_t pos)
 {

@@ -168,12 +168,8 @@ int i8a_import(const i8a_kernels *kt, i8a_cache *c, const i8a_rows *r, int round
                 uint8_t *codes = k4_row_codes(c, g, pos), *bits = k4_row_wide(c, g, pos);
                 if (pos % I8A_K4_GROUP == 0)
                     i8a_k4_wide_ranks(c->k4_step + (g * all + pos / I8A_K4_GROUP) * d, d, rank);
-                for (size_t i = 0; i < d; i++) {
-                    const unsigned code = r->k_codes[at * d + i];
-                    nib_set(codes + i / I8A_NIB_BLOCK * 16 + i % 16, i, code & 15u);
-                    if (rank[i] >= 0)
-                        bits[rank[i] / 8] |= (uint8_t)((code >> 4) << (rank[i] % 8));
-                }
+                for (size_t i = 0; i < d; i++)
+                    k4_set_code(codes, bits, rank, i, r->k_codes[at * d + i]);
             }
             if (c->v_bits == 8) {
                 i8a_v_put(c, g, pos, r->v_i8 + at * d);
