@@ -102,14 +102,16 @@ DOTPROD void mca_v4_neon_dotprod(float *scratch, const i8a_span *kv, float *o)
     i8a_vpass_neon_dotprod(scratch, 4, kv, 128, o);
 }
 
-void mca_k4_neon(const uint8_t *k4, size_t n, const int8_t *planes, int32_t *dot)
+void mca_k4_neon(const uint8_t *k4, const uint8_t *wide, size_t n, const int8_t *planes,
+                 const int8_t *pw, int32_t *dot)
 {
-    i8a_k4dots_with_neon(i8a_dot16_neon, k4, n, 128, planes, 3, dot);
+    i8a_k4dots_with_neon(i8a_dot16_neon, k4, wide, n, 128, planes, pw, 3, dot);
 }
 
-DOTPROD void mca_k4_neon_dotprod(const uint8_t *k4, size_t n, const int8_t *planes, int32_t *dot)
+DOTPROD void mca_k4_neon_dotprod(const uint8_t *k4, const uint8_t *wide, size_t n,
+                                 const int8_t *planes, const int8_t *pw, int32_t *dot)
 {
-    i8a_k4dots_with_neon(i8a_dot16_neon_dotprod, k4, n, 128, planes, 3, dot);
+    i8a_k4dots_with_neon(i8a_dot16_neon_dotprod, k4, wide, n, 128, planes, pw, 3, dot);
 }
 
 void mca_v4_1_neon(float *scratch, const i8a_span *kv, float *o)
@@ -174,17 +176,18 @@ PASSES = {
         ("V sums", ("mca_v1_neon_i8mm", "mca_v4_neon_i8mm"), "smmla", (8, 16),
          lambda c: c * D / 16 / 8, lambda c: c * D / 8 / 8),
     ],
-    # the sides at 4 bits (KVCache): K dots of 4 rows x 3 planes x 32 channels; V sums of 3
-    # planes, neon 2 tiles x 16 dims of one head (the same loop for each head), dotprod 4
+    # the sides at 4 bits (KVCache): K dots of 4 rows x 3 planes x 32 channels, and 16 of the
+    # wide channels' fifth bits (the loop with 36 dot steps; 24: a group without them); V sums
+    # of 3 planes, neon 2 tiles x 16 dims of one head (the same loop for each head), dotprod 4
     # tiles, 1 head x 16 dims or 2 heads x 8 (twice for 4 heads)
     "neon 4-bit": [
-        ("K4 dots", "mca_k4_neon", "sadalp", 24,
+        ("K4 dots", "mca_k4_neon", "sadalp", 36,
          lambda c: c * D / 32 / 4, lambda c: 4 * c * D / 32 / 4),
         ("V4 sums", ("mca_v4_1_neon", "mca_v4_4_neon"), "sadalp", 24,
          lambda c: c * D / 16 / 8, lambda c: 4 * c * D / 16 / 8),
     ],
     "neon_dotprod 4-bit": [
-        ("K4 dots", "mca_k4_neon_dotprod", "sdot", 24,
+        ("K4 dots", "mca_k4_neon_dotprod", "sdot", 36,
          lambda c: c * D / 32 / 4, lambda c: 4 * c * D / 32 / 4),
         ("V4 sums", ("mca_v4_1_neon_dotprod", "mca_v4_4_neon_dotprod"), "sdot", 48,
          lambda c: c * D / 16 / 16, lambda c: 2 * c * D / 8 / 16),

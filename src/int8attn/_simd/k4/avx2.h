@@ -56,53 +56,6 @@ static inline __m256i i8a_pairs4_avx2(__m256i codes, const int8_t *q)
     return _mm256_maddubs_epi16(codes, _mm256_loadu_si256((const __m256i *)q));
 }
 
-/* Exact dots of NP q planes ([NP][I8A_MAX_HEAD_DIM], natural order) with rows [0, n) of K at 4
- * bits, four rows and one plane at a time: a row's 32 bytes (two blocks) unpack to the low
- * nibbles, channels 32 b + i, and the high ones, 32 b + 16 + i, matched by the plane's bytes
- * in that order (lo, hi: [NP][I8A_MAX_HEAD_DIM / 2], i8a_k4_order); the int16 pair sums of up
- * to 128 bytes of a row (8 of them: at most 8 * 3810 < 2^15) add before vpmaddwd widens them:
- * dot[k * I8A_K4_GROUP + s]. */
-I8A_INLINE void i8a_k4dots_avx2(const uint8_t *k4, size_t n, size_t d, const int8_t *lo,
-                                const int8_t *hi, int np, int32_t *dot)
-{
-    const __m256i nib = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    const size_t bytes = d / 2;
-    for (int k = 0; k < np; k++) {
-        const int8_t *ql = lo + (size_t)k * (I8A_MAX_HEAD_DIM / 2), *qh = hi + (size_t)k * (I8A_MAX_HEAD_DIM / 2);
-        for (size_t s = 0; s < n; s += 4) {
-            const uint8_t *r[4];
-            for (int u = 0; u < 4; u++)
-                r[u] = k4 + (s + (size_t)u < n ? s + (size_t)u : n - 1) * bytes;
-            __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
-                              _mm256_setzero_si256(), _mm256_setzero_si256()};
-            for (size_t j0 = 0; j0 < bytes; j0 += 128) {
-                const size_t j1 = j0 + 128 < bytes ? j0 + 128 : bytes;
-                __m256i p16[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
-                                  _mm256_setzero_si256(), _mm256_setzero_si256()};
-                for (size_t j = j0; j < j1; j += 32) {
-                    const int half = j + 32 > bytes;    /* a last 16 bytes: zeros past the row */
-#pragma GCC unroll 4
-                    for (int u = 0; u < 4; u++) {
-                        const __m256i x = half ? _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(r[u] + j)))
-                                               : _mm256_loadu_si256((const __m256i *)(r[u] + j));
-                        const __m256i cl = _mm256_and_si256(x, nib);
-                        const __m256i ch = _mm256_and_si256(_mm256_srli_epi16(x, 4), nib);
-                        p16[u] = _mm256_add_epi16(p16[u], _mm256_add_epi16(i8a_pairs4_avx2(cl, ql + j),
-                                                                           i8a_pairs4_avx2(ch, qh + j)));
-                    }
-                }
-#pragma GCC unroll 4
-                for (int u = 0; u < 4; u++)
-                    acc[u] = _mm256_add_epi32(acc[u], _mm256_madd_epi16(p16[u], ones));
-            }
-            int32_t four[4];
-            _mm_storeu_si128((__m128i *)four, i8a_reduce4_avx2(acc[0], acc[1], acc[2], acc[3]));
-            for (size_t u = 0; u < 4 && s + u < n; u++)
-                dot[(size_t)k * I8A_K4_GROUP + s + u] = four[u];
-        }
-    }
-}
-
 /* 32 fifth bits of a K row from b (the row's bytes from there: 4, or 2 with `two`) as 32
  * bytes 0 or 1, bit t % 8 of byte t / 8 in lane t (zeros past them). */
 static inline __m256i i8a_k4_bits32_avx2(const uint8_t *b, int two)
@@ -122,46 +75,106 @@ static inline __m256i i8a_k4_bits32_avx2(const uint8_t *b, int two)
     return _mm256_min_epu8(_mm256_and_si256(sel, bit), _mm256_set1_epi8(1));
 }
 
-/* k4/scalar.h's i8a_k4_wide_dots, four rows at a time: each row's bits as bytes 0 / 1
- * (i8a_k4_bits32_avx2) against the wide channels' plane bytes by vpmaddubsw (pairs of at most
- * 2 * 127, d / 64 <= 16 of them a lane: no int16 overflow), widened by vpmaddwd. The sums are
- * exact, so the dots are the scalar rule's. */
-I8A_INLINE void i8a_k4_wide_dots_avx2(const uint8_t *wide, size_t rows, size_t d,
-                                      const int8_t *pw, int np, int32_t *dot)
+/* Exact dots of NP q planes ([NP][I8A_MAX_HEAD_DIM], natural order) with rows [0, n) of K at 4
+ * bits, four rows at a time, every plane from one unpacking: a row's 32 bytes (two blocks)
+ * unpack to the low nibbles, channels 32 b + i, and the high ones, 32 b + 16 + i, matched by the
+ * plane's bytes in that order (lo, hi: [NP][I8A_MAX_HEAD_DIM / 2], i8a_k4_order). With `wide`
+ * (the rows' fifth bits, I8A_K4_WIDE_BYTES(d) a row; pw: i8a_k4_wide_planes_avx2), the same 32
+ * bytes' ranks (32 b .. 32 b + 31) add 16 times their bits' vpmaddubsw with the wide channels'
+ * plane bytes. The int16 pair sums of a row add before vpmaddwd widens them, over up to 128
+ * bytes (8 nibble pair sums: at most 8 * 3810 < 2^15), with fifth bits over 64 (4 nibble pair
+ * sums and 2 of bits: 4 * 3810 + 2 * 16 * 254 < 2^15): dot[k * I8A_K4_GROUP + s], up to the
+ * next multiple of 4 past n (those unused). NP is a constant at every call. */
+I8A_INLINE void i8a_k4dots_avx2(const uint8_t *k4, const uint8_t *wide, size_t n, size_t d,
+                                const int8_t *lo, const int8_t *hi, const int8_t *pw, int np,
+                                int32_t *dot)
 {
-    const size_t nb = I8A_K4_WIDE_BYTES(d);
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (size_t s = 0; s < rows; s += 4) {
-        const uint8_t *r[4];
+    const __m256i nib = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const size_t bytes = d / 2, nb = I8A_K4_WIDE_BYTES(d), half = I8A_MAX_HEAD_DIM / 2;
+    const size_t block = wide ? 64 : 128;
+    for (size_t s = 0; s < n; s += 4) {
+        size_t row[4];
         for (int u = 0; u < 4; u++)
-            r[u] = wide + (s + (size_t)u < rows ? s + (size_t)u : rows - 1) * nb;
-        __m256i p16[I8A_K4_QPLANES][4];
+            row[u] = s + (size_t)u < n ? s + (size_t)u : n - 1;
+        __m256i acc[I8A_K4_QPLANES][4];
+#pragma GCC unroll 3
         for (int k = 0; k < np; k++)
             for (int u = 0; u < 4; u++)
-                p16[k][u] = _mm256_setzero_si256();
-        for (size_t j = 0; j < nb; j += 4) {
-            const int two = j + 4 > nb;             /* the last 16 bits of a row */
-            __m256i e[4];
-            for (int u = 0; u < 4; u++)
-                e[u] = i8a_k4_bits32_avx2(r[u] + j, two);
-            for (int k = 0; k < np; k++) {
-                const int8_t *pk = pw + (size_t)k * I8A_K4_WIDE_STRIDE + 8 * j;
-                const __m256i w = _mm256_loadu_si256((const __m256i *)pk);
+                acc[k][u] = _mm256_setzero_si256();
+        for (size_t j0 = 0; j0 < bytes; j0 += block) {
+            const size_t j1 = j0 + block < bytes ? j0 + block : bytes;
+            __m256i p16[I8A_K4_QPLANES][4];
+#pragma GCC unroll 3
+            for (int k = 0; k < np; k++)
                 for (int u = 0; u < 4; u++)
-                    p16[k][u] = _mm256_add_epi16(p16[k][u], _mm256_maddubs_epi16(e[u], w));
+                    p16[k][u] = _mm256_setzero_si256();
+            for (size_t j = j0; j < j1; j += 32) {
+                const int tail = j + 32 > bytes;    /* a last 16 bytes: zeros past the row */
+#pragma GCC unroll 4
+                for (int u = 0; u < 4; u++) {
+                    const uint8_t *r = k4 + row[u] * bytes + j;
+                    const __m256i x = tail ? _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)r))
+                                           : _mm256_loadu_si256((const __m256i *)r);
+                    const __m256i cl = _mm256_and_si256(x, nib);
+                    const __m256i ch = _mm256_and_si256(_mm256_srli_epi16(x, 4), nib);
+                    __m256i e = _mm256_setzero_si256();
+                    if (wide)
+                        e = i8a_k4_bits32_avx2(wide + row[u] * nb + j / 8, tail);
+#pragma GCC unroll 3
+                    for (int k = 0; k < np; k++) {
+                        __m256i t = _mm256_add_epi16(i8a_pairs4_avx2(cl, lo + (size_t)k * half + j),
+                                                     i8a_pairs4_avx2(ch, hi + (size_t)k * half + j));
+                        if (wide) {
+                            const __m256i w = _mm256_loadu_si256((const __m256i *)(pw + (size_t)k * I8A_K4_WIDE_STRIDE + j));
+                            t = _mm256_add_epi16(t, _mm256_slli_epi16(_mm256_maddubs_epi16(e, w), 4));
+                        }
+                        p16[k][u] = _mm256_add_epi16(p16[k][u], t);
+                    }
+                }
             }
+#pragma GCC unroll 3
+            for (int k = 0; k < np; k++)
+                for (int u = 0; u < 4; u++)
+                    acc[k][u] = _mm256_add_epi32(acc[k][u], _mm256_madd_epi16(p16[k][u], ones));
         }
-        for (int k = 0; k < np; k++) {
-            int32_t four[4];
-            _mm_storeu_si128((__m128i *)four,
-                             i8a_reduce4_avx2(_mm256_madd_epi16(p16[k][0], ones),
-                                              _mm256_madd_epi16(p16[k][1], ones),
-                                              _mm256_madd_epi16(p16[k][2], ones),
-                                              _mm256_madd_epi16(p16[k][3], ones)));
-            for (size_t u = 0; u < 4 && s + u < rows; u++)
-                dot[(size_t)k * I8A_K4_GROUP + s + u] += 16 * four[u];
-        }
+#pragma GCC unroll 3
+        for (int k = 0; k < np; k++)
+            _mm_storeu_si128((__m128i *)(dot + (size_t)k * I8A_K4_GROUP + s),
+                             i8a_reduce4_avx2(acc[k][0], acc[k][1], acc[k][2], acc[k][3]));
     }
+}
+
+/* k4/scalar.h's i8a_k4_wide_planes: the parities of 32 steps at a time by vpmovmskb, limited
+ * (i8a_k4_wide_limit); then 8 channels at a time, each plane's 8 bytes packed by vpshufb
+ * (i8a_k4_pack8) and stored at the count so far (the next store, or the zeros after, overwrite
+ * the bytes past it: I8A_K4_WIDE_STRIDE leaves room). The same bytes as the scalar rule's. */
+static inline size_t i8a_k4_wide_planes_avx2(const uint16_t *h_step, size_t d,
+                                             const int8_t *planes, int np, int8_t *pw)
+{
+    uint8_t mask[I8A_MAX_HEAD_DIM / 8];
+    for (size_t i = 0; i < d; i += 32) {
+        const __m256i a = _mm256_slli_epi16(_mm256_loadu_si256((const __m256i *)(h_step + i)), 15);
+        const __m256i b = i + 32 <= d ? _mm256_slli_epi16(_mm256_loadu_si256((const __m256i *)(h_step + i + 16)), 15)
+                                      : _mm256_setzero_si256();
+        /* packs: [a 0-7, b 0-7 | a 8-15, b 8-15]; quads 0 2 1 3 put them in channel order */
+        const __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi16(a, b), 0xD8);
+        const uint32_t m = (uint32_t)_mm256_movemask_epi8(p);
+        memcpy(mask + i / 8, &m, i + 32 <= d ? 4 : 2);
+    }
+    i8a_k4_wide_limit(mask, d);
+    size_t r = 0;
+    for (size_t i = 0; i < d; i += 8) {
+        const __m128i sh = _mm_cvtsi64_si128((long long)i8a_k4_pack8(mask[i / 8]));
+        for (int k = 0; k < np; k++) {
+            const __m128i x = _mm_loadl_epi64((const __m128i *)(planes + (size_t)k * I8A_MAX_HEAD_DIM + i));
+            _mm_storel_epi64((__m128i *)(pw + (size_t)k * I8A_K4_WIDE_STRIDE + r), _mm_shuffle_epi8(x, sh));
+        }
+        r += i8a_popcount8(mask[i / 8]);
+    }
+    const size_t end = (d / 2 + 31) / 32 * 32;
+    for (int k = 0; k < np; k++)
+        memset(pw + (size_t)k * I8A_K4_WIDE_STRIDE + r, 0, end - r);
+    return r;
 }
 
 /* A K group's planes in the order of 32-byte code vectors (two blocks: low nibbles of both,
@@ -226,9 +239,12 @@ I8A_INLINE float i8a_k4_logits_avx2(const i8a_query *q, const i8a_span *kv, size
             i8a_k4_order_avx2(planes + k * I8A_MAX_HEAD_DIM, d, lo + k * half, hi + k * half);
         if (j == 0)   /* the next chunk's K, a group's rows at a time */
             i8a_k4_prefetch_group(kv, s, rows, d);
-        i8a_k4dots_avx2(kv->k4 + s * (d / 2), rows, d, lo, hi, np, dot);
-        if (i8a_k4_wide_planes(kv->k4_step + grp * d, d, planes, np, pw))
-            i8a_k4_wide_dots_avx2(kv->k4_wide + s * I8A_K4_WIDE_BYTES(d), rows, d, pw, np, dot);
+        const int wide = i8a_k4_wide_planes_avx2(kv->k4_step + grp * d, d, planes, np, pw) > 0;
+        if (wide)
+            i8a_k4dots_avx2(kv->k4 + s * (d / 2), kv->k4_wide + s * I8A_K4_WIDE_BYTES(d), rows,
+                            d, lo, hi, pw, np, dot);
+        else
+            i8a_k4dots_avx2(kv->k4 + s * (d / 2), NULL, rows, d, lo, hi, pw, np, dot);
         const float gm = i8a_logits4_avx2(dot, c, np, bias, q->softcap, q->inv_softcap, rows, p + s);
         m = gm > m ? gm : m;
         s += rows;

@@ -92,8 +92,9 @@ static inline void i8a_k4_query(const float *qs, const uint16_t *h_min, float mi
  * the wide channel of rank r (planes as i8a_k4_query makes them), zeros after the last up to
  * d / 2 rounded up to 32 (what the vector tiers read); returns how many there are (0: none,
  * the group's dots are its nibbles'). The parities of 64 channels at a time make a mask, and
- * its set bits, lowest first, the ranks. */
-#define I8A_K4_WIDE_STRIDE (I8A_MAX_HEAD_DIM / 2)
+ * its set bits, lowest first, the ranks. A plane's stride leaves 8 bytes past d / 2 for the
+ * vector tiers' stores of 8 bytes at any count. */
+#define I8A_K4_WIDE_STRIDE (I8A_MAX_HEAD_DIM / 2 + 8)
 
 static inline size_t i8a_k4_wide_planes(const uint16_t *h_step, size_t d, const int8_t *planes,
                                         int np, int8_t *pw)
@@ -114,6 +115,48 @@ static inline size_t i8a_k4_wide_planes(const uint16_t *h_step, size_t d, const 
     for (int k = 0; k < np; k++)
         memset(pw + (size_t)k * I8A_K4_WIDE_STRIDE + r, 0, end - r);
     return r;
+}
+
+/* The set bits of m (8 bits). */
+static inline unsigned i8a_popcount8(unsigned m)
+{
+    m = m - ((m >> 1) & 0x55u);
+    m = (m & 0x33u) + ((m >> 2) & 0x33u);
+    return (m + (m >> 4)) & 0x0fu;
+}
+
+/* For the vector tiers' i8a_k4_wide_planes: the wide channels' mask (bit i % 8 of mask[i / 8]
+ * set for channel i's odd step half) cleared past its first d / 2 set bits (there are more only
+ * in files from before the wide channels). */
+static inline void i8a_k4_wide_limit(uint8_t *mask, size_t d)
+{
+    size_t left = d / 2;
+    for (size_t b = 0; b < d / 8; b++) {
+        unsigned m = mask[b], c = i8a_popcount8(m);
+        for (; c > left; c--) {             /* clear the highest set bit */
+            unsigned h = m | m >> 1;
+            h |= h >> 2;
+            h |= h >> 4;
+            m &= ~(h ^ (h >> 1));
+        }
+        mask[b] = (uint8_t)m;
+        left -= c;
+    }
+}
+
+/* The offsets of the set bits of a nibble, lowest first, a byte each (zeros past them). */
+static const uint32_t i8a_k4_pack4[16] = {
+    0x00000000, 0x00000000, 0x00000001, 0x00000100, 0x00000002, 0x00000200, 0x00000201,
+    0x00020100, 0x00000003, 0x00000300, 0x00000301, 0x00030100, 0x00000302, 0x00030200,
+    0x00030201, 0x03020100};
+
+/* The byte shuffle (8 offsets in 0 .. 7, one a byte, lowest byte first) that packs the bytes of
+ * the set bits of m (8 bits), lowest first, to the front. The bytes past popcount(m) are offsets
+ * too, to be overwritten: a vector tier stores all 8 bytes of a shuffle at its count so far. */
+static inline uint64_t i8a_k4_pack8(unsigned m)
+{
+    return (uint64_t)i8a_k4_pack4[m & 15u]
+           | (uint64_t)(i8a_k4_pack4[m >> 4] + 0x04040404u) << (8 * i8a_popcount8(m & 15u));
 }
 
 /* The fifth bits' part of the plane dots of rows [0, rows) (wide: I8A_K4_WIDE_BYTES(d) bytes a
