@@ -3,6 +3,8 @@ attended in one varlen call. Each sequence must give the bits the same rows give
 contiguous cache of the same format (FORMATS["rotated"]), on every tier and thread count, and
 stay within the contract of float attention over what it dequantizes to."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -297,6 +299,39 @@ def test_float16_rows_are_read_as_their_values():
     with pytest.raises(ValueError, match=r"out must be a writable aligned C-contiguous array"):
         pool.attend(q, [0, 3], [20], [[0, 1]], out=odd)
     assert not raw.any()
+
+
+def test_sixteen_bit_rows_are_refused_where_their_float32_values_are():
+    """A write checks bfloat16 and float16 rows on their bits: each value in turn, at one place
+    of k or of v, is written or refused (naming the argument, row and kv head) exactly as the same
+    value as float32 is. bfloat16 reaches past the format's +-2**64 (the next value above is
+    refused, 2**64 is not); every finite float16 is within it."""
+    torch = pytest.importorskip("torch")
+    bf16 = lambda bits: torch.tensor(bits, dtype=torch.int16).view(torch.bfloat16)
+    f16 = lambda bits: torch.tensor(bits, dtype=torch.int16).view(torch.float16)
+    cases = [(bf16, b) for b in (0x5f80, 0x5f81, -0x2080, -0x207f, 0x7f7f, 0x7f80, 0x7fc0,
+                                 0x0001)]                 # 2^64 and the next, both signs; ...
+    cases += [(f16, b) for b in (0x7bff, -0x0401, 0x7c00, -0x0400, 0x7e00, 0x0001)]
+    rng = np.random.default_rng(11)
+    base = torch.from_numpy(rng.standard_normal((9, 3, 32)).astype(np.float32))
+    for make, bits in cases:
+        value = make(bits)
+        for name, row, head in (("k", 5, 2), ("v", 7, 0)):
+            results = []
+            for dt in (value.dtype, torch.float32):
+                k, v = base.to(value.dtype).to(dt), base.to(value.dtype).to(dt)
+                (k if name == "k" else v)[row, head, 17] = value.to(dt)
+                pool = ia.PagedKVCache(3, 32, 16, 2)
+                try:
+                    pool.write(torch.arange(9), k, v)
+                    results.append("written")
+                except ValueError as e:
+                    results.append(str(e))
+            assert results[0] == results[1], (value, name, results)
+            refused = not math.isfinite(float(value)) or abs(float(value)) > 2.0 ** 64
+            assert (results[0] != "written") == refused, (value, name, results)
+            if refused:
+                assert results[0].startswith(name) and f"row {row}, kv head {head}" in results[0]
 
 
 def test_every_finite_float16_is_widened_to_its_value():

@@ -93,6 +93,23 @@ static inline int in_range(const float *x, size_t d)
     return within(x, d, I8A_VALUE_MAX);
 }
 
+/* in_range for a row of d 16-bit values of `type` (I8A_BF16 or I8A_F16), on their bits as
+ * within() does a float's, without widening them. A bfloat16 is a float's top half: its bits
+ * without the sign, x, give x << 16 > the bound's bits exactly when x > their top half. Every
+ * finite half is below I8A_VALUE_MAX (65504 < 2^64): a half is in range when it is finite. */
+static inline int in_range16(const uint16_t *h, size_t d, int type)
+{
+    const float limit = I8A_VALUE_MAX;
+    uint32_t bits;
+    memcpy(&bits, &limit, sizeof bits);
+    /* int16: both sides are below 2^15, and the compare vectorizes as one */
+    const int16_t top = (int16_t)(type == I8A_BF16 ? bits >> 16 : 0x7bffu);   /* 65504 */
+    int16_t over = 0;
+    for (size_t i = 0; i < d; i++)
+        over |= (int16_t)((int16_t)(h[i] & 0x7fffu) > top);
+    return !over;
+}
+
 /* The ring slot of position pos (held: held_from <= pos < len, or being appended). */
 static inline size_t slot_of(const i8a_cache *c, size_t pos)
 {

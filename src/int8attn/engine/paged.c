@@ -237,15 +237,19 @@ typedef struct {
     atomic_size_t first;
 } check_job;
 
-/* Row i's check: 0, or 1 / 2 (k / v refused) with *head the first kv head refused. */
+/* Row i's check: 0, or 1 / 2 (k / v refused) with *head the first kv head refused. 16-bit rows
+ * are checked on their bits (in_range16), float32 rows by i8a_check_rows. */
 static int check_row(const check_job *c, size_t i, size_t *head)
 {
-    float kw[I8A_MAX_HEAD_DIM], vw[I8A_MAX_HEAD_DIM];   /* a row of either, as floats */
     for (size_t g = 0; g < c->hkv; g++) {
+        const size_t at = (i * c->hkv + g) * c->d;
         size_t none;
-        const int rc = i8a_check_rows(i8a_row_f32(c->k, i * c->hkv + g, c->d, c->type, kw),
-                                      i8a_row_f32(c->v, i * c->hkv + g, c->d, c->type, vw), 1,
-                                      c->d, &none);
+        const int rc = c->type == I8A_F32
+                           ? i8a_check_rows((const float *)c->k + at, (const float *)c->v + at, 1,
+                                            c->d, &none)
+                       : !in_range16((const uint16_t *)c->k + at, c->d, c->type) ? 1
+                       : !in_range16((const uint16_t *)c->v + at, c->d, c->type) ? 2
+                                                                               : 0;
         if (rc) {
             *head = g;
             return rc;
