@@ -166,6 +166,31 @@ def test_negative_slots_are_skipped_and_a_bad_row_writes_nothing():
     assert not np.array_equal(pool.buffer, before)
 
 
+@pytest.mark.parametrize("open_blocks", [0, 8])
+def test_a_write_whose_rows_fill_v_tiles_is_the_rows_written_one_by_one(open_blocks):
+    # V codes sit in tiles of 4 positions, and a write codes a tile's 4 rows together when their
+    # slots are the tile's in order: here 1200 distinct slots (the write on 2 threads) whose
+    # tiles come whole and in order, reversed, with a skipped row, started one slot late, and
+    # cut by the threads' ranges wherever they fall
+    rng = np.random.default_rng(21)
+    hkv, d, bs = 3, 48, 16
+    slots = np.arange(1200, dtype=np.int64)
+    slots[100:104] = slots[100:104][::-1].copy()      # a tile reversed
+    slots[205] = -1                                   # a tile with a skipped row
+    slots[301:1200] = np.arange(302, 1201)            # tiles from their second slot on
+    k, v = rng.standard_normal((2, 1200, hkv, d)).astype(np.float32)
+    pools = [ia.PagedKVCache(hkv, d, bs, 80, open_blocks=open_blocks) for _ in range(2)]
+    before = ia.get_num_threads()
+    try:
+        ia.set_num_threads(2)
+        pools[0].write(slots, k, v)
+        for i in range(len(slots)):
+            pools[1].write(slots[i:i + 1], k[i:i + 1], v[i:i + 1])
+    finally:
+        ia.set_num_threads(before)
+    np.testing.assert_array_equal(pools[0].buffer, pools[1].buffer)
+
+
 @pytest.mark.parametrize("open_blocks", [0, 6])
 def test_a_long_write_on_threads_is_the_rows_written_one_by_one(open_blocks):
     # 700 rows of 4 kv heads (the write's K and V sides run on the threads): 668 in shuffled

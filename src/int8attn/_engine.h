@@ -176,8 +176,8 @@ int i8a_import(const i8a_kernels *kt, i8a_cache *c, const i8a_rows *r, int round
                size_t *bad);
 
 /* V codes rows [n][d] (int8) into V tiles (i8a_cache's layout: ceil((lead + n) / 4) tiles of
- * 4 d bytes) from slot `lead` (0 .. 3) of the first; the other slots are left as they are. For
- * the kernels' test entry, which builds a span by hand. */
+ * 4 d bytes) from slot `lead` (0 .. 3) of the first; the other slots are left as they are. The
+ * engine's writes of V rows, and the kernels' test entry, which builds a span by hand. */
 void i8a_tile_rows(const int8_t *rows, size_t n, size_t d, size_t lead, int8_t *tiles);
 
 /* K groups at 4 bits of a cache of cap positions: ceil(cap / I8A_K4_GROUP). A group is coded

@@ -166,45 +166,67 @@ typedef struct {
     int type;
 } write_job;
 
-static void write_row(const write_job *w, const i8a_cache *pool, size_t i, size_t at)
+/* Rows i .. i + n - 1 (n = 1, or I8A_V_TILE rows at the slots of one V tile, in order), at[u]
+ * their open rows: each kv head's V codes of the n rows go into their tile together. */
+static void write_rows(const write_job *w, const i8a_cache *pool, size_t i, size_t n,
+                       const size_t *at)
 {
     const i8a_kernels *kt = w->kt;
     const i8a_paged *p = w->p;
     const size_t hkv = p->n_kv_heads, d = p->head_dim, pos = (size_t)w->slots[i];
     for (size_t g = 0; g < hkv; g++) {
-        float kw[I8A_MAX_HEAD_DIM], vw[I8A_MAX_HEAD_DIM], tmp[I8A_MAX_HEAD_DIM];
-        int8_t vc[I8A_MAX_HEAD_DIM];
-        const float *kr = i8a_row_f32(w->k, i * hkv + g, d, w->type, kw);
-        const float *vr = i8a_row_f32(w->v, i * hkv + g, d, w->type, vw);
-        kt->quantize_row(maybe_rotated(kt, pool, p->sign, kr, tmp), d, k_row(pool, g, pos),
-                         k_scale_of(pool, g, pos));
-        kt->quantize_row(maybe_rotated(kt, pool, p->sign, vr, tmp), d, vc,
-                         v_scale_of(pool, g, pos));
-        i8a_v_put(pool, g, pos, vc);
-        if (p->open_cap) {      /* the halves, as the recent window keeps the row */
-            const size_t r = at + g * p->block_rows;
-            p->open_ks[r] = kt->half_row(kr, d, p->open_k + r * d);
-            p->open_vs[r] = kt->half_row(vr, d, p->open_v + r * d);
+        int8_t vc[I8A_V_TILE * I8A_MAX_HEAD_DIM];
+        for (size_t u = 0; u < n; u++) {
+            float kw[I8A_MAX_HEAD_DIM], vw[I8A_MAX_HEAD_DIM], tmp[I8A_MAX_HEAD_DIM];
+            const float *kr = i8a_row_f32(w->k, (i + u) * hkv + g, d, w->type, kw);
+            const float *vr = i8a_row_f32(w->v, (i + u) * hkv + g, d, w->type, vw);
+            kt->quantize_row(maybe_rotated(kt, pool, p->sign, kr, tmp), d,
+                             k_row(pool, g, pos + u), k_scale_of(pool, g, pos + u));
+            kt->quantize_row(maybe_rotated(kt, pool, p->sign, vr, tmp), d, vc + u * d,
+                             v_scale_of(pool, g, pos + u));
+            if (p->open_cap) {  /* the halves, as the recent window keeps the row */
+                const size_t r = at[u] + g * p->block_rows;
+                p->open_ks[r] = kt->half_row(kr, d, p->open_k + r * d);
+                p->open_vs[r] = kt->half_row(vr, d, p->open_v + r * d);
+            }
         }
+        i8a_tile_rows(vc, n, d, pos % I8A_V_TILE, v_tile(pool, g, pos));
     }
+}
+
+/* Whether rows i .. i + I8A_V_TILE - 1 (below end) fill one V tile: their slots are a tile's,
+ * in order. */
+static int whole_tile(const int64_t *slots, size_t i, size_t end)
+{
+    if (i + I8A_V_TILE > end || slots[i] < 0 || slots[i] % I8A_V_TILE)
+        return 0;
+    for (size_t u = 1; u < I8A_V_TILE; u++)
+        if (slots[i + u] != slots[i] + (int64_t)u)
+            return 0;
+    return 1;
 }
 
 /* Rows [begin, end) of a write, an item a row. Each row's open entry is at[i], set before; or,
  * without `at` (one thread, the rows in order), assigned as the row comes (entry_row), so that
- * an entry that goes to another block within the write does so between its rows. */
+ * an entry that goes to another block within the write does so between its rows. A tile's rows
+ * in order are written together (write_rows). */
 static void write_range(void *ctx, size_t begin, size_t end, size_t next, size_t worker)
 {
     (void)next, (void)worker;
     const write_job *w = (const write_job *)ctx;
     const i8a_cache pool = view_of(w->p, NULL, w->p->blocks * w->p->block_rows);
     int reused = 0;
-    for (size_t i = begin; i < end; i++) {
-        if (w->slots[i] < 0)
+    for (size_t i = begin; i < end;) {
+        const size_t n = whole_tile(w->slots, i, end) ? I8A_V_TILE : 1;
+        if (w->slots[i] < 0) {
+            i++;
             continue;
-        const size_t at = !w->p->open_cap ? 0
-                          : w->at         ? w->at[i]
-                                          : entry_row(w->p, (size_t)w->slots[i], &reused);
-        write_row(w, &pool, i, at);
+        }
+        size_t at[I8A_V_TILE] = {0};
+        for (size_t u = 0; u < n && w->p->open_cap; u++)
+            at[u] = w->at ? w->at[i + u] : entry_row(w->p, (size_t)w->slots[i + u], &reused);
+        write_rows(w, &pool, i, n, at);
+        i += n;
     }
 }
 

@@ -121,6 +121,12 @@ void i8a_store_bind(i8a_cache *c, const i8a_format *f, void *const mem[I8A_BUFFE
 
 void i8a_tile_rows(const int8_t *rows, size_t n, size_t d, size_t lead, int8_t *tiles)
 {
+    if (lead == 0 && n == I8A_V_TILE) {         /* a whole tile: its 4 bytes a dim together */
+        for (size_t i = 0; i < d; i++)
+            for (size_t p = 0; p < I8A_V_TILE; p++)
+                tiles[i * I8A_V_TILE + p] = rows[p * d + i];
+        return;
+    }
     for (size_t p = 0; p < n; p++) {
         int8_t *t = tiles + (lead + p) / I8A_V_TILE * I8A_V_TILE * d + (lead + p) % I8A_V_TILE;
         for (size_t i = 0; i < d; i++)
