@@ -194,11 +194,11 @@ static void write_rows(const write_job *w, const i8a_cache *pool, size_t i, size
     }
 }
 
-/* Whether rows i .. i + I8A_V_TILE - 1 (below end) fill one V tile: their slots are a tile's,
- * in order. */
+/* Whether rows i .. i + I8A_V_TILE - 1 (below end; slots[i] not skipped) fill one V tile: their
+ * slots are a tile's, in order. */
 static int whole_tile(const int64_t *slots, size_t i, size_t end)
 {
-    if (i + I8A_V_TILE > end || slots[i] < 0 || slots[i] % I8A_V_TILE)
+    if (i + I8A_V_TILE > end || slots[i] % I8A_V_TILE)
         return 0;
     for (size_t u = 1; u < I8A_V_TILE; u++)
         if (slots[i + u] != slots[i] + (int64_t)u)
@@ -217,11 +217,11 @@ static void write_range(void *ctx, size_t begin, size_t end, size_t next, size_t
     const i8a_cache pool = view_of(w->p, NULL, w->p->blocks * w->p->block_rows);
     int reused = 0;
     for (size_t i = begin; i < end;) {
-        const size_t n = whole_tile(w->slots, i, end) ? I8A_V_TILE : 1;
         if (w->slots[i] < 0) {
             i++;
             continue;
         }
+        const size_t n = whole_tile(w->slots, i, end) ? I8A_V_TILE : 1;
         size_t at[I8A_V_TILE] = {0};
         for (size_t u = 0; u < n && w->p->open_cap; u++)
             at[u] = w->at ? w->at[i + u] : entry_row(w->p, (size_t)w->slots[i + u], &reused);

@@ -171,10 +171,7 @@ static inline size_t i8a_k4_wide_planes_avx2(const uint16_t *h_step, size_t d,
         }
         r += i8a_popcount8(mask[i / 8]);
     }
-    const size_t end = (d / 2 + 31) / 32 * 32;
-    for (int k = 0; k < np; k++)
-        memset(pw + (size_t)k * I8A_K4_WIDE_STRIDE + r, 0, end - r);
-    return r;
+    return i8a_k4_wide_pad(pw, np, r, d);
 }
 
 /* A K group's planes in the order of 32-byte code vectors (two blocks: low nibbles of both,
@@ -239,8 +236,8 @@ I8A_INLINE float i8a_k4_logits_avx2(const i8a_query *q, const i8a_span *kv, size
             i8a_k4_order_avx2(planes + k * I8A_MAX_HEAD_DIM, d, lo + k * half, hi + k * half);
         if (j == 0)   /* the next chunk's K, a group's rows at a time */
             i8a_k4_prefetch_group(kv, s, rows, d);
-        const int wide = i8a_k4_wide_planes_avx2(kv->k4_step + grp * d, d, planes, np, pw) > 0;
-        if (wide)
+        /* two calls: the pass inlined with its fifth bits and without (a NULL constant) */
+        if (i8a_k4_wide_planes_avx2(kv->k4_step + grp * d, d, planes, np, pw))
             i8a_k4dots_avx2(kv->k4 + s * (d / 2), kv->k4_wide + s * I8A_K4_WIDE_BYTES(d), rows,
                             d, lo, hi, pw, np, dot);
         else

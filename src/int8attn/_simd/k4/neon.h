@@ -68,10 +68,9 @@ static inline size_t i8a_k4_wide_planes_neon(const uint16_t *h_step, size_t d,
                     vtbl1_s8(vld1_s8(planes + (size_t)k * I8A_MAX_HEAD_DIM + i), sh));
         r += i8a_popcount8(mask[i / 8]);
     }
-    const size_t end = (d / 2 + 31) / 32 * 32;
+    i8a_k4_wide_pad(pw, np, r, d);
     for (int k = 0; k < np; k++) {
         int8_t *w = pw + (size_t)k * I8A_K4_WIDE_STRIDE;
-        memset(w + r, 0, end - r);
         for (size_t c = 0; c < d / 2; c += 16) {
             const int8x16_t x = vld1q_s8(w + c);
             vst1q_s8(w + c, vzip1q_s8(x, vextq_s8(x, x, 8)));
@@ -200,6 +199,7 @@ I8A_INLINE float i8a_k4_logits_with_neon(i8a_dot16_neon_fn dot16, const i8a_quer
                           kv->k4_step + grp * d, kv->k4_step_scale[grp], d, np, planes, c, &bias, r);
         if (j == 0)   /* the next chunk's K, a group's rows at a time */
             i8a_k4_prefetch_group(kv, s, rows, d);
+        /* two calls: the pass inlined with its fifth bits and without (a NULL constant) */
         if (i8a_k4_wide_planes_neon(kv->k4_step + grp * d, d, planes, np, pw))
             i8a_k4dots_with_neon(dot16, kv->k4 + s * (d / 2), kv->k4_wide + s * I8A_K4_WIDE_BYTES(d),
                                  rows, d, planes, pw, np, dot);

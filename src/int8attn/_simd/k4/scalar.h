@@ -96,6 +96,16 @@ static inline void i8a_k4_query(const float *qs, const uint16_t *h_min, float mi
  * vector tiers' stores of 8 bytes at any count. */
 #define I8A_K4_WIDE_STRIDE (I8A_MAX_HEAD_DIM / 2 + 8)
 
+/* The zeros of i8a_k4_wide_planes: each plane's bytes from rank r (the count) up to d / 2
+ * rounded up to 32; returns r. */
+static inline size_t i8a_k4_wide_pad(int8_t *pw, int np, size_t r, size_t d)
+{
+    const size_t end = (d / 2 + 31) / 32 * 32;
+    for (int k = 0; k < np; k++)
+        memset(pw + (size_t)k * I8A_K4_WIDE_STRIDE + r, 0, end - r);
+    return r;
+}
+
 static inline size_t i8a_k4_wide_planes(const uint16_t *h_step, size_t d, const int8_t *planes,
                                         int np, int8_t *pw)
 {
@@ -111,10 +121,7 @@ static inline size_t i8a_k4_wide_planes(const uint16_t *h_step, size_t d, const 
                 pw[(size_t)k * I8A_K4_WIDE_STRIDE + r] = planes[(size_t)k * I8A_MAX_HEAD_DIM + i];
         }
     }
-    const size_t end = (d / 2 + 31) / 32 * 32;
-    for (int k = 0; k < np; k++)
-        memset(pw + (size_t)k * I8A_K4_WIDE_STRIDE + r, 0, end - r);
-    return r;
+    return i8a_k4_wide_pad(pw, np, r, d);
 }
 
 /* The set bits of m (8 bits). */
